@@ -1,0 +1,184 @@
+"""Attention layers: grouped-query attention (Llama/Qwen2/Qwen3) and multi-head latent attention
+(DeepSeek-V3), the latter optionally with DeepSeek Sparse Attention (DeepSeek-V3.2).
+
+Both take hidden states x [B, T, D], RoPE positions [B, T], a boolean mask [B, T, S] over the
+keys they attend to (S = T without a cache, the cache length with one), and optionally one
+layer of the KV cache plus the per-row write offset `start` [B].
+
+MLA runs in one of two mathematically equal modes:
+- MHA mode (training / full forward without a cache): the kv latent is expanded through
+  W_UK / W_UV into per-head keys and values;
+- absorbed MQA mode (with a cache, and always under DSA): queries are absorbed through W_UK into
+  the latent space, every head attends to the same 576-d latent rows (kv_lora + rope), and the
+  result is mapped back through W_UV. The cache holds only those latent rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import kernels
+from models import cache as cache_lib
+from models.config import ModelConfig
+from models.dsa import Indexer
+from models.layers import Dense, RMSNorm, apply_rope, dtype_of, param
+
+
+class OutProj(nnx.Module):
+  """Output projection from [B, T, H, Dv] back to the model width."""
+
+  def __init__(self, n_heads: int, head_dim: int, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.compute_dtype = dtype_of(cfg.dtype)
+    self.kernel = param(rngs, (n_heads, head_dim, cfg.d_model), ("heads", "kv", "embed"),
+                        std=cfg.init_std, dtype=cfg.param_dtype)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return jnp.einsum("bthv,hvd->btd", x.astype(self.compute_dtype),
+                      self.kernel[...].astype(self.compute_dtype))
+
+
+def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
+  """Softmax in fp32 over the last axis; fully masked rows give zeros, not NaNs."""
+  logits = jnp.where(mask, logits.astype(jnp.float32), -jnp.inf)
+  peak = jnp.max(logits, axis=-1, keepdims=True)
+  peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
+  weights = jnp.where(mask, jnp.exp(logits - peak), 0.0)
+  return weights / jnp.maximum(jnp.sum(weights, axis=-1, keepdims=True), 1e-30)
+
+
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                      scale: float) -> jax.Array:
+  """q [B,T,H,D], k [B,S,KVH,D], v [B,S,KVH,Dv], mask [B,T,S] -> [B,T,H,Dv]."""
+  batch, steps, heads, dim = q.shape
+  kv_heads = k.shape[2]
+  q = q.reshape(batch, steps, kv_heads, heads // kv_heads, dim)
+  logits = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+  probs = masked_softmax(logits, mask[:, None, None])
+  out = jnp.einsum("bkgts,bskv->btkgv", probs.astype(v.dtype), v)
+  return out.reshape(batch, steps, heads, v.shape[-1])
+
+
+class GQAttention(nnx.Module):
+  """Grouped-query attention with RoPE, optional qkv bias (Qwen2) and q/k RMSNorm (Qwen3)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    hd = cfg.gqa_head_dim
+    self.q_proj = Dense(cfg.d_model, (cfg.n_heads, hd), ("embed", "heads", "kv"), cfg,
+                        rngs=rngs, bias=cfg.qkv_bias)
+    self.k_proj = Dense(cfg.d_model, (cfg.kv_heads, hd), ("embed", "kv_heads", "kv"), cfg,
+                        rngs=rngs, bias=cfg.qkv_bias)
+    self.v_proj = Dense(cfg.d_model, (cfg.kv_heads, hd), ("embed", "kv_heads", "kv"), cfg,
+                        rngs=rngs, bias=cfg.qkv_bias)
+    self.o_proj = OutProj(cfg.n_heads, hd, cfg, rngs=rngs)
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(hd, cfg, rngs=rngs)
+      self.k_norm = RMSNorm(hd, cfg, rngs=rngs)
+    else:
+      self.q_norm = self.k_norm = None
+
+  def __call__(self, x, positions, mask, layer_cache=None, start=None, **unused):
+    del unused
+    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    if self.q_norm is not None:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q = apply_rope(q, positions, self.cfg)
+    k = apply_rope(k, positions, self.cfg)
+    new_cache = None
+    if layer_cache is not None:
+      new_cache = {"k": cache_lib.write(layer_cache["k"], k, start),
+                   "v": cache_lib.write(layer_cache["v"], v, start)}
+      k, v = new_cache["k"].astype(q.dtype), new_cache["v"].astype(q.dtype)
+    out = grouped_attention(q, k, v, mask, self.cfg.softmax_scale)
+    return self.o_proj(out), new_cache, {}
+
+
+class MLAttention(nnx.Module):
+  """Multi-head latent attention (DeepSeek-V3), with the DSA indexer when cfg.dsa."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    h = cfg.n_heads
+    if cfg.q_lora_rank:
+      self.wq_a = Dense(cfg.d_model, cfg.q_lora_rank, ("embed", "q_lora"), cfg, rngs=rngs)
+      self.q_norm = RMSNorm(cfg.q_lora_rank, cfg, rngs=rngs)
+      self.wq_b = Dense(cfg.q_lora_rank, (h, cfg.qk_head_dim), ("q_lora", "heads", "kv"), cfg,
+                        rngs=rngs)
+      self.wq = None
+    else:
+      self.wq_a = self.q_norm = self.wq_b = None
+      self.wq = Dense(cfg.d_model, (h, cfg.qk_head_dim), ("embed", "heads", "kv"), cfg,
+                      rngs=rngs)
+    self.wkv_a = Dense(cfg.d_model, cfg.kv_lora_rank + cfg.qk_rope_head_dim,
+                       ("embed", "kv_lora"), cfg, rngs=rngs)
+    self.kv_norm = RMSNorm(cfg.kv_lora_rank, cfg, rngs=rngs)
+    self.wkv_b = Dense(cfg.kv_lora_rank, (h, cfg.qk_nope_head_dim + cfg.v_head_dim),
+                       ("kv_lora", "heads", "kv"), cfg, rngs=rngs)
+    self.wo = OutProj(h, cfg.v_head_dim, cfg, rngs=rngs)
+    self.indexer = Indexer(cfg, rngs=rngs) if cfg.dsa else None
+
+  def __call__(self, x, positions, mask, layer_cache=None, start=None, *,
+               absorbed: bool | None = None, kernel_backend: str = "auto"):
+    cfg = self.cfg
+    nope, rope = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
+    if self.wq is None:
+      q_latent = self.q_norm(self.wq_a(x))
+      q = self.wq_b(q_latent)
+    else:
+      q_latent, q = None, self.wq(x)
+    q_nope, q_pe = q[..., :nope], q[..., nope:]
+    q_pe = apply_rope(q_pe, positions, cfg, interleave=cfg.rope_interleave)
+    kv_a = self.wkv_a(x)
+    kv_latent = self.kv_norm(kv_a[..., :cfg.kv_lora_rank])
+    k_pe = apply_rope(kv_a[..., cfg.kv_lora_rank:], positions, cfg,
+                      interleave=cfg.rope_interleave)
+    if absorbed is None:
+      absorbed = layer_cache is not None or cfg.dsa
+    if not absorbed:
+      kv = self.wkv_b(kv_latent)
+      k_nope, v = kv[..., :nope], kv[..., nope:]
+      k = jnp.concatenate([k_nope, jnp.broadcast_to(k_pe[:, :, None, :], k_nope.shape[:3] + (rope,))],
+                          axis=-1)
+      out = grouped_attention(jnp.concatenate([q_nope, q_pe], axis=-1), k, v, mask,
+                              cfg.softmax_scale)
+      return self.wo(out), None, {}
+
+    latent_new = jnp.concatenate([kv_latent, k_pe], axis=-1)  # [B, T, kv_lora + rope]
+    new_cache = None
+    if layer_cache is not None:
+      new_cache = dict(layer_cache)
+      new_cache["latent"] = cache_lib.write(layer_cache["latent"], latent_new, start)
+      latent = new_cache["latent"].astype(latent_new.dtype)
+    else:
+      latent = latent_new
+    w_kv_b = self.wkv_b.kernel[...].astype(q.dtype)  # [kv_lora, H, nope + v]
+    w_uk, w_uv = w_kv_b[..., :nope], w_kv_b[..., nope:]
+    q_absorbed = jnp.einsum("bthn,chn->bthc", q_nope, w_uk)
+    q_full = jnp.concatenate([q_absorbed, q_pe], axis=-1)  # [B, T, H, kv_lora + rope]
+    aux: dict[str, Any] = {}
+    if self.indexer is not None:
+      index_k_cache = None if layer_cache is None else layer_cache["index_k"]
+      indices, index_scores, index_k_cache = self.indexer(
+          x, q_latent, positions, index_k_cache=index_k_cache, start=start,
+          kernel_backend=kernel_backend)
+      if new_cache is not None:
+        new_cache["index_k"] = index_k_cache
+      out_latent, _ = kernels.sparse_mla(q_full, latent, indices, scale=cfg.softmax_scale,
+                                         d_v=cfg.kv_lora_rank, backend=kernel_backend)
+      aux = {"index_topk": indices, "index_scores": index_scores}
+    else:
+      logits = jnp.einsum("bthc,bsc->bhts", q_full, latent,
+                          preferred_element_type=jnp.float32) * cfg.softmax_scale
+      probs = masked_softmax(logits, mask[:, None])
+      out_latent = jnp.einsum("bhts,bsc->bthc", probs.astype(latent.dtype),
+                              latent[..., :cfg.kv_lora_rank])
+    out = jnp.einsum("bthc,chv->bthv", out_latent.astype(q.dtype), w_uv)
+    return self.wo(out), new_cache, aux
+
+
+def make_attention(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
+  return GQAttention(cfg, rngs=rngs) if cfg.attention == "gqa" else MLAttention(cfg, rngs=rngs)

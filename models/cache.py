@@ -1,0 +1,57 @@
+"""Fixed-shape KV cache for incremental decoding (prefill + one-token steps).
+
+The cache is a plain pytree so it crosses `jax.jit` and `lax.while_loop` boundaries:
+`{"lengths": int32 [B], "layers": ({name: array [B, S, ...]}, ...)}`. Row b holds
+`lengths[b]` valid tokens in slots [0, lengths[b]); a call with T new tokens writes them at
+slots lengths[b] + t (their absolute positions) and attends to slots <= that position, so rows
+with prompts of different lengths decode together without recompiling.
+
+Per layer: GQA keeps "k" and "v" [B, S, KVH, Dh]; MLA keeps the normalised kv latent and the
+roped shared key concatenated, "latent" [B, S, kv_lora + rope] (576-d at DeepSeek scale); DSA
+adds the indexer keys "index_k" [B, S, DI].
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from models.config import ModelConfig
+
+Cache = dict[str, Any]
+
+
+def layer_cache_shapes(cfg: ModelConfig, batch: int, max_len: int) -> dict[str, tuple]:
+  if cfg.attention == "gqa":
+    shape = (batch, max_len, cfg.kv_heads, cfg.gqa_head_dim)
+    return {"k": shape, "v": shape}
+  shapes = {"latent": (batch, max_len, cfg.kv_lora_rank + cfg.qk_rope_head_dim)}
+  if cfg.dsa:
+    shapes["index_k"] = (batch, max_len, cfg.index_head_dim)
+  return shapes
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = None) -> Cache:
+  """An empty cache for `batch` rows of up to `max_len` tokens."""
+  dt = jnp.dtype(dtype or cfg.dtype)
+  layers = tuple({name: jnp.zeros(shape, dt)
+                  for name, shape in layer_cache_shapes(cfg, batch, max_len).items()}
+                 for _ in range(cfg.n_layers))
+  return {"lengths": jnp.zeros((batch,), jnp.int32), "layers": layers}
+
+
+def cache_bytes(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = None) -> int:
+  itemsize = jnp.dtype(dtype or cfg.dtype).itemsize
+  per_layer = sum(int(jnp.prod(jnp.array(s))) for s in
+                  layer_cache_shapes(cfg, batch, max_len).values())
+  return per_layer * cfg.n_layers * itemsize
+
+
+def write(buffer: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+  """Writes new [B, T, ...] into buffer [B, S, ...] at slots start[b] + t (past S: dropped)."""
+  batch, steps = new.shape[:2]
+  slots = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None, :]
+  rows = jnp.broadcast_to(jnp.arange(batch)[:, None], slots.shape)
+  return buffer.at[rows, slots].set(new.astype(buffer.dtype), mode="drop")

@@ -1,0 +1,174 @@
+"""Mixture-of-Experts feed-forward block behind one interface.
+
+Routers:
+- "softmax" (Qwen3-MoE): p = softmax(router logits); top-k; optionally renormalised.
+- "sigmoid_noaux" (DeepSeek-V3 noaux_tc): s = sigmoid(logits); choice scores s + bias (the
+  auxiliary-loss-free load-balancing bias, not trained by gradients); experts live in n_group
+  groups scored by the sum of their top-2 choice scores; only the best topk_group groups may be
+  picked; gate weights are s (without the bias) at the picked experts, renormalised, times
+  routed_scaling_factor.
+
+Dispatch:
+- "ragged": dropless; assignments sorted by expert, grouped matmuls with jax.lax.ragged_dot,
+  weighted scatter-add back to tokens;
+- "dense": every expert on every token, combined with one-hot gate weights (the reference).
+
+Routing replay (DeepSeek-V3.2 keep-routing): a caller may pass the expert ids to use; the gate
+weights are still computed from the current router, so the router keeps its gradients.
+Per-call router statistics feed load-balance metrics, the aux-free bias update and the optional
+auxiliary loss.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.config import ModelConfig
+from models.layers import MLP, dtype_of, param
+
+
+class RouterBias(nnx.Variable):
+  """Aux-loss-free load-balancing bias: updated by `aux_free_bias_update`, never by gradients."""
+
+
+class RouterStats(NamedTuple):
+  tokens_per_expert: jax.Array  # [E] assignments counted over valid tokens
+  mean_prob: jax.Array  # [E] mean normalised router probability over valid tokens
+  aux_loss: jax.Array  # scalar: E * sum_e f_e * P_e (Switch / DeepSeek balance loss)
+
+
+class Router(nnx.Module):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.kernel = param(rngs, (cfg.d_model, cfg.n_experts), ("embed", None), std=cfg.init_std,
+                        dtype=cfg.param_dtype)
+    self.bias = (RouterBias(jnp.zeros((cfg.n_experts,), jnp.float32))
+                 if cfg.router == "sigmoid_noaux" else None)
+
+  def scores(self, x: jax.Array) -> jax.Array:
+    """Router scores [N, E] in fp32: softmax probabilities or sigmoid affinities."""
+    logits = x.astype(jnp.float32) @ self.kernel[...].astype(jnp.float32)
+    if self.cfg.router == "softmax":
+      return jax.nn.softmax(logits, axis=-1)
+    return jax.nn.sigmoid(logits)
+
+  def select(self, scores: jax.Array) -> jax.Array:
+    """Expert ids [N, k] chosen from the scores."""
+    cfg = self.cfg
+    if cfg.router == "softmax":
+      return jax.lax.top_k(scores, cfg.n_experts_per_tok)[1]
+    choice = scores + self.bias[...]
+    if cfg.n_group > 1:
+      n = choice.shape[0]
+      grouped = choice.reshape(n, cfg.n_group, cfg.n_experts // cfg.n_group)
+      group_scores = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # [N, n_group]
+      top_groups = jax.lax.top_k(group_scores, cfg.topk_group)[1]
+      group_ok = jnp.zeros((n, cfg.n_group), bool).at[jnp.arange(n)[:, None], top_groups].set(True)
+      expert_ok = jnp.repeat(group_ok, cfg.n_experts // cfg.n_group, axis=1)
+      # Experts outside the chosen groups can never be picked (-inf, so a negative bias
+      # inside an allowed group cannot lose to a masked expert).
+      choice = jnp.where(expert_ok, choice, -jnp.inf)
+    return jax.lax.top_k(choice, cfg.n_experts_per_tok)[1]
+
+  def gate_weights(self, scores: jax.Array, expert_ids: jax.Array) -> jax.Array:
+    """Gate weights [N, k] at the given experts (differentiable w.r.t. the router)."""
+    cfg = self.cfg
+    weights = jnp.take_along_axis(scores, expert_ids, axis=-1)
+    if cfg.norm_topk_prob:
+      weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return weights * cfg.routed_scaling_factor
+
+
+def router_stats(scores: jax.Array, expert_ids: jax.Array, token_mask: jax.Array,
+                 n_experts: int) -> RouterStats:
+  valid = token_mask.astype(jnp.float32)  # [N]
+  counts = jnp.zeros((n_experts,), jnp.float32).at[expert_ids].add(
+      jnp.broadcast_to(valid[:, None], expert_ids.shape))
+  n_valid = jnp.maximum(jnp.sum(valid), 1.0)
+  probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
+  mean_prob = jnp.sum(probs * valid[:, None], axis=0) / n_valid
+  fraction = counts / jnp.maximum(jnp.sum(counts), 1.0)
+  aux = n_experts * jnp.sum(fraction * mean_prob)
+  return RouterStats(counts, mean_prob, aux)
+
+
+def aux_free_bias_update(bias: jax.Array, tokens_per_expert: jax.Array, rate: float) -> jax.Array:
+  """DeepSeek-V3 aux-loss-free balancing: raise the bias of under-loaded experts, lower it for
+  over-loaded ones, by `rate` per step. tokens_per_expert may be summed over steps/devices."""
+  load = tokens_per_expert.astype(jnp.float32)
+  return bias + rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)
+
+
+def ragged_experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array, w_gate: jax.Array,
+                   w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+  """Dropless grouped-matmul dispatch: x [N, D], ids/weights [N, k], w_* [E, D, F]/[E, F, D]."""
+  n, k = expert_ids.shape
+  n_experts = w_gate.shape[0]
+  flat_ids = expert_ids.reshape(-1)
+  order = jnp.argsort(flat_ids, stable=True)
+  token_of = order // k
+  group_sizes = jnp.bincount(flat_ids, length=n_experts).astype(jnp.int32)
+  xs = x[token_of]
+  hidden = (jax.nn.silu(jax.lax.ragged_dot(xs, w_gate, group_sizes))
+            * jax.lax.ragged_dot(xs, w_up, group_sizes))
+  out = jax.lax.ragged_dot(hidden, w_down, group_sizes)
+  out = out * weights.reshape(-1)[order][:, None].astype(out.dtype)
+  return jnp.zeros((n, x.shape[-1]), out.dtype).at[token_of].add(out)
+
+
+def dense_experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array, w_gate: jax.Array,
+                  w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+  """Reference dispatch: all experts on all tokens, combined with one-hot gate weights."""
+  n_experts = w_gate.shape[0]
+  combine = jnp.sum(jax.nn.one_hot(expert_ids, n_experts, dtype=weights.dtype)
+                    * weights[..., None], axis=1)  # [N, E]
+  hidden = (jax.nn.silu(jnp.einsum("nd,edf->nef", x, w_gate))
+            * jnp.einsum("nd,edf->nef", x, w_up))
+  out = jnp.einsum("nef,efd->ned", hidden, w_down)
+  return jnp.einsum("ned,ne->nd", out, combine.astype(out.dtype))
+
+
+class MoE(nnx.Module):
+  """Routed experts (+ shared experts) replacing the dense MLP in MoE layers."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.compute_dtype = dtype_of(cfg.dtype)
+    e, d, f = cfg.n_experts, cfg.d_model, cfg.moe_mlp_dim
+    self.router = Router(cfg, rngs=rngs)
+    self.w_gate = param(rngs, (e, d, f), ("experts", "embed", "mlp"), std=cfg.init_std,
+                        dtype=cfg.param_dtype)
+    self.w_up = param(rngs, (e, d, f), ("experts", "embed", "mlp"), std=cfg.init_std,
+                      dtype=cfg.param_dtype)
+    self.w_down = param(rngs, (e, f, d), ("experts", "mlp", "embed"), std=cfg.init_std,
+                        dtype=cfg.param_dtype)
+    self.shared = (MLP(cfg, cfg.n_shared_experts * f, rngs=rngs)
+                   if cfg.n_shared_experts else None)
+
+  def __call__(self, x: jax.Array, *, expert_ids: jax.Array | None = None,
+               token_mask: jax.Array | None = None, dispatch: str | None = None):
+    """x [B, T, D] -> (y [B, T, D], expert_ids [B, T, k] int32, RouterStats)."""
+    cfg = self.cfg
+    batch, steps, dim = x.shape
+    flat = x.reshape(batch * steps, dim)
+    scores = self.router.scores(flat)
+    if expert_ids is None:
+      ids = self.router.select(scores)
+    else:
+      ids = expert_ids.reshape(batch * steps, cfg.n_experts_per_tok).astype(jnp.int32)
+    weights = self.router.gate_weights(scores, ids)
+    mask = (jnp.ones((batch * steps,), bool) if token_mask is None
+            else token_mask.reshape(-1).astype(bool))
+    stats = router_stats(scores, ids, mask, cfg.n_experts)
+    dt = self.compute_dtype
+    experts = ragged_experts if (dispatch or cfg.moe_dispatch) == "ragged" else dense_experts
+    y = experts(flat.astype(dt), ids, weights.astype(dt), self.w_gate[...].astype(dt),
+                self.w_up[...].astype(dt), self.w_down[...].astype(dt))
+    y = y.reshape(batch, steps, dim)
+    if self.shared is not None:
+      y = y + self.shared(x)
+    return y, ids.reshape(batch, steps, -1).astype(jnp.int32), stats

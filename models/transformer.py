@@ -1,0 +1,190 @@
+"""The decoder-only language model shared by the policy, the reference model, the critic and the
+reward models: one trunk, an LM head (logits) or a scalar head (values / rewards).
+
+Contract: `model(tokens)` with int32 tokens [B, T] returns logits [B, T, V] (or values [B, T]
+for a scalar head). `model.forward(...)` returns the richer `ModelOutput`: the updated KV cache,
+the MoE expert ids per token and layer (for keep-routing), router statistics and, under DSA,
+the indexer's top-k selections.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models import cache as cache_lib
+from models.attention import make_attention
+from models.config import ModelConfig, get_config
+from models.layers import MLP, Dense, Embed, RMSNorm
+from models.moe import MoE, RouterStats
+
+
+class ModelOutput(NamedTuple):
+  logits: jax.Array | None  # [B, T, V] fp32 (LM head)
+  values: jax.Array | None  # [B, T] fp32 (scalar head)
+  cache: dict | None
+  routing: jax.Array | None  # [B, T, n_moe_layers, k] int32 expert ids
+  router_stats: RouterStats | None  # fields stacked over MoE layers: [n_moe_layers, E] ...
+  index_topk: tuple | None  # per DSA layer: indexer top-k indices [B, T, K]
+  index_scores: tuple | None  # per DSA layer: their indexer scores [B, T, K]
+
+
+class DecoderLayer(nnx.Module):
+  def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(cfg.d_model, cfg, rngs=rngs)
+    self.attn = make_attention(cfg, rngs=rngs)
+    self.mlp_norm = RMSNorm(cfg.d_model, cfg, rngs=rngs)
+    self.is_moe = cfg.is_moe_layer(layer)
+    self.mlp = MoE(cfg, rngs=rngs) if self.is_moe else MLP(cfg, cfg.mlp_dim, rngs=rngs)
+
+  def __call__(self, x, positions, mask, *, layer_cache=None, start=None, expert_ids=None,
+               token_mask=None, kernel_backend="auto", moe_dispatch=None):
+    attn_out, new_cache, attn_aux = self.attn(self.attn_norm(x), positions, mask, layer_cache,
+                                              start, kernel_backend=kernel_backend)
+    x = x + attn_out
+    h = self.mlp_norm(x)
+    if self.is_moe:
+      mlp_out, ids, stats = self.mlp(h, expert_ids=expert_ids, token_mask=token_mask,
+                                     dispatch=moe_dispatch)
+    else:
+      mlp_out, ids, stats = self.mlp(h), None, None
+    return x + mlp_out, new_cache, ids, stats, attn_aux
+
+
+class Transformer(nnx.Module):
+  """Decoder-only LM (dense or MoE; GQA, MLA or MLA+DSA) with an LM or scalar head."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed = Embed(cfg, rngs=rngs)
+    self.layers = nnx.List([DecoderLayer(cfg, i, rngs=rngs) for i in range(cfg.n_layers)])
+    self.final_norm = RMSNorm(cfg.d_model, cfg, rngs=rngs)
+    if cfg.head == "scalar":
+      self.head = Dense(cfg.d_model, 1, ("embed", None), cfg, rngs=rngs)
+    elif cfg.tie_embeddings:
+      self.head = None
+    else:
+      self.head = Dense(cfg.d_model, cfg.vocab_size, ("embed", "vocab"), cfg, rngs=rngs)
+
+  def __call__(self, tokens: jax.Array, **kwargs: Any) -> jax.Array:
+    out = self.forward(tokens, **kwargs)
+    return out.values if self.cfg.head == "scalar" else out.logits
+
+  def init_cache(self, batch: int, max_len: int, dtype: str | None = None) -> dict:
+    return cache_lib.init_cache(self.cfg, batch, max_len, dtype)
+
+  def forward(self, tokens: jax.Array, *, positions: jax.Array | None = None,
+              segment_ids: jax.Array | None = None, cache: dict | None = None,
+              num_new: jax.Array | None = None, routing: jax.Array | None = None,
+              token_mask: jax.Array | None = None, kernel_backend: str = "auto",
+              moe_dispatch: str | None = None) -> ModelOutput:
+    """Runs the model.
+
+    Args:
+      tokens: int32 [B, T].
+      positions: int32 [B, T] RoPE positions (default 0..T-1); ignored with a cache, where row b's
+        tokens sit at positions cache["lengths"][b] + t.
+      segment_ids: int32 [B, T] for packed sequences: attention stays inside a segment.
+      cache: a KV cache from `init_cache`; the new tokens are appended and the updated cache
+        returned.
+      num_new: int32 [B] how many of the T tokens are real per row (right-padded prefill);
+        the cache lengths advance by this (default T).
+      routing: int32 [B, T, n_moe_layers, k] expert ids to replay (keep-routing).
+      token_mask: [B, T] tokens that count in the router statistics (default all).
+      kernel_backend: DSA kernel backend ("auto", "reference", "interpret", "gpu", "tpu").
+      moe_dispatch: override cfg.moe_dispatch ("ragged" or "dense").
+    """
+    cfg = self.cfg
+    batch, steps = tokens.shape
+    if cache is not None:
+      start = cache["lengths"]
+      positions = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None, :]
+      key_len = cache["layers"][0][next(iter(cache["layers"][0]))].shape[1]
+      mask = jnp.arange(key_len)[None, None, :] <= positions[:, :, None]
+    else:
+      start = None
+      if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(steps, dtype=jnp.int32), (batch, steps))
+      idx = jnp.arange(steps)
+      mask = jnp.broadcast_to(idx[None, :] <= idx[:, None], (batch, steps, steps))
+      if segment_ids is not None:
+        if cfg.dsa:
+          raise ValueError("segment_ids (packed sequences) are not supported with dsa=True: "
+                           "the indexer's top-k would cross document boundaries")
+        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    if routing is not None and routing.shape[2] != cfg.n_moe_layers:
+      raise ValueError(f"routing has {routing.shape[2]} MoE layers, the model has "
+                       f"{cfg.n_moe_layers}")
+
+    x = self.embed(tokens)
+    new_layers, all_ids, all_stats, index_topk, index_scores = [], [], [], [], []
+    moe_index = 0
+    for i, layer in enumerate(self.layers):
+      expert_ids = None
+      if routing is not None and layer.is_moe:
+        expert_ids = routing[:, :, moe_index]
+      x, layer_cache, ids, stats, aux = layer(
+          x, positions, mask, layer_cache=None if cache is None else cache["layers"][i],
+          start=start, expert_ids=expert_ids, token_mask=token_mask,
+          kernel_backend=kernel_backend, moe_dispatch=moe_dispatch)
+      new_layers.append(layer_cache)
+      if layer.is_moe:
+        moe_index += 1
+        all_ids.append(ids)
+        all_stats.append(stats)
+      if "index_topk" in aux:
+        index_topk.append(aux["index_topk"])
+        index_scores.append(aux["index_scores"])
+    x = self.final_norm(x)
+
+    logits = values = None
+    if cfg.head == "scalar":
+      values = self.head(x)[..., 0].astype(jnp.float32)
+    elif self.head is None:
+      logits = self.embed.attend(x).astype(jnp.float32)
+    else:
+      logits = self.head(x).astype(jnp.float32)
+
+    new_cache = None
+    if cache is not None:
+      advance = jnp.full((batch,), steps, jnp.int32) if num_new is None else num_new
+      new_cache = {"lengths": cache["lengths"] + advance.astype(jnp.int32),
+                   "layers": tuple(new_layers)}
+    return ModelOutput(
+        logits=logits, values=values, cache=new_cache,
+        routing=jnp.stack(all_ids, axis=2) if all_ids else None,
+        router_stats=jax.tree.map(lambda *xs: jnp.stack(xs), *all_stats) if all_stats else None,
+        index_topk=tuple(index_topk) or None, index_scores=tuple(index_scores) or None)
+
+
+def build(cfg: ModelConfig | str, *, seed: int = 0, **overrides: Any) -> Transformer:
+  """Builds a model from a config or a preset name (with field overrides)."""
+  if isinstance(cfg, str):
+    cfg = get_config(cfg, **overrides)
+  elif overrides:
+    cfg = cfg.replace(**overrides)
+  return Transformer(cfg, rngs=nnx.Rngs(params=seed))
+
+
+@functools.lru_cache(maxsize=32)
+def param_counts(cfg: ModelConfig) -> dict[str, int]:
+  """Total and per-token active parameter counts, computed abstractly (no allocation)."""
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0)))
+  params = nnx.state(abstract, nnx.Param)
+  total = sum(_numel(x.shape) for x in jax.tree.leaves(params))
+  inactive = 0
+  if cfg.is_moe:
+    per_expert = 3 * cfg.d_model * cfg.moe_mlp_dim
+    inactive = cfg.n_moe_layers * (cfg.n_experts - cfg.n_experts_per_tok) * per_expert
+  return {"total": total, "active": total - inactive}
+
+
+def _numel(shape) -> int:
+  n = 1
+  for s in shape:
+    n *= int(s)
+  return n
