@@ -1,0 +1,378 @@
+"""Hugging Face checkpoints: import and export of safetensors + config.json.
+
+`load_pretrained(path, dtype=..., mesh=None, rules=None)` maps a local HF directory (qwen2,
+qwen3, qwen3_moe, llama, deepseek_v3, deepseek_v32) to our ModelConfig and fills the model
+tensor by tensor: each parameter is read from its safetensors shard, converted and placed with
+its target sharding before the next is read, so host memory stays near one parameter (an MoE
+layer's experts: one stacked expert tensor). `save_pretrained(model, path)` writes the same
+format back, which transformers (and so vLLM / SGLang) load.
+
+HF Linear weights are [out, in]; ours are [in, *out] with heads as their own axis, so every
+mapping below is a transpose plus a reshape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from models import sharding as sharding_lib
+from models.config import ModelConfig
+from models.transformer import Transformer
+
+FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "llama", "deepseek_v3", "deepseek_v32")
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM", "llama": "LlamaForCausalLM",
+                 "deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
+
+
+class CheckpointError(ValueError):
+  """A checkpoint directory that cannot be loaded (names the file, tensor or field)."""
+
+
+# ---------------------------------------------------------------------------------- Config
+
+def _rope(hf: dict) -> dict:
+  params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+  out = {"rope_theta": float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))}
+  kind = params.get("rope_type", params.get("type", "default"))
+  if kind == "yarn":
+    mscale, all_dim = params.get("mscale"), params.get("mscale_all_dim")
+    both = bool(mscale and all_dim)
+    out.update(yarn_factor=float(params["factor"]),
+               yarn_original_max_len=int(params["original_max_position_embeddings"]),
+               yarn_beta_fast=float(params.get("beta_fast") or 32),
+               yarn_beta_slow=float(params.get("beta_slow") or 1),
+               yarn_mscale=float(mscale) if both else 1.0,
+               yarn_mscale_all_dim=float(all_dim) if both else 0.0)
+  elif kind != "default":
+    raise CheckpointError(f"rope type {kind!r} is not supported (default or yarn)")
+  return out
+
+
+def config_from_hf(hf: dict, *, dtype: str = "bfloat16") -> ModelConfig:
+  """Our ModelConfig for an HF config.json dict."""
+  family = hf.get("model_type")
+  if family not in FAMILIES:
+    raise CheckpointError(f"model_type {family!r} is not supported; supported: {FAMILIES}")
+  common = dict(vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
+                n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
+                mlp_dim=hf["intermediate_size"], rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+                tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                max_seq_len=hf.get("max_position_embeddings", 4096), dtype=dtype,
+                param_dtype=dtype, **_rope(hf))
+  if hf.get("hidden_act", "silu") != "silu":
+    raise CheckpointError(f"hidden_act {hf['hidden_act']!r} is not supported (silu)")
+  if family in ("qwen2", "qwen3", "qwen3_moe", "llama"):
+    if family != "qwen2" and hf.get("attention_bias"):
+      raise CheckpointError("attention_bias=True (an o_proj bias) is not supported")
+    cfg = dict(common, attention="gqa", n_kv_heads=hf.get("num_key_value_heads") or 0,
+               head_dim=hf.get("head_dim") or 0, qkv_bias=family == "qwen2",
+               qk_norm=family in ("qwen3", "qwen3_moe"))
+    if family == "qwen3_moe":
+      if hf.get("mlp_only_layers") or hf.get("decoder_sparse_step", 1) != 1:
+        raise CheckpointError("qwen3_moe with mlp_only_layers / decoder_sparse_step != 1 is "
+                              "not supported")
+      cfg.update(n_experts=hf.get("num_experts") or hf["num_local_experts"],
+                 n_experts_per_tok=hf["num_experts_per_tok"],
+                 moe_mlp_dim=hf["moe_intermediate_size"], router="softmax",
+                 norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
+    return ModelConfig(**cfg)
+  # deepseek_v3 / deepseek_v32
+  if hf.get("num_key_value_heads", hf["num_attention_heads"]) != hf["num_attention_heads"]:
+    raise CheckpointError("MLA checkpoints need num_key_value_heads == num_attention_heads")
+  layer_kinds = hf.get("mlp_layer_types")
+  first_k_dense = hf.get("first_k_dense_replace", 0)
+  if layer_kinds:
+    first_k_dense = layer_kinds.index("sparse") if "sparse" in layer_kinds else len(layer_kinds)
+    if any(k != "sparse" for k in layer_kinds[first_k_dense:]):
+      raise CheckpointError(f"mlp_layer_types {layer_kinds}: only a dense prefix is supported")
+  cfg = dict(common, attention="mla", q_lora_rank=hf.get("q_lora_rank") or 0,
+             kv_lora_rank=hf["kv_lora_rank"], qk_nope_head_dim=hf["qk_nope_head_dim"],
+             qk_rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"],
+             rope_interleave=bool(hf.get("rope_interleave", True)),
+             n_experts=hf.get("n_routed_experts") or hf.get("num_local_experts"),
+             n_experts_per_tok=hf["num_experts_per_tok"],
+             moe_mlp_dim=hf["moe_intermediate_size"],
+             n_shared_experts=hf.get("n_shared_experts") or 0, first_k_dense=first_k_dense,
+             router="sigmoid_noaux", norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
+             routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
+             n_group=hf.get("n_group") or 1, topk_group=hf.get("topk_group") or 1)
+  if family == "deepseek_v32":
+    cfg.update(dsa=True, rope_interleave=True, index_n_heads=hf["index_n_heads"],
+               index_head_dim=hf["index_head_dim"], index_topk=hf["index_topk"])
+  return ModelConfig(**cfg)
+
+
+def family_of(cfg: ModelConfig) -> str:
+  if cfg.attention == "mla":
+    if not cfg.is_moe or cfg.router != "sigmoid_noaux":
+      raise CheckpointError("an MLA model exports as deepseek_v3/v32, which needs a "
+                            "sigmoid_noaux MoE")
+    return "deepseek_v32" if cfg.dsa else "deepseek_v3"
+  if cfg.is_moe:
+    if not cfg.qk_norm or cfg.router != "softmax" or cfg.qkv_bias or cfg.first_k_dense:
+      raise CheckpointError("a GQA MoE model exports as qwen3_moe: qk_norm, softmax router, "
+                            "no qkv bias, no dense prefix")
+    return "qwen3_moe"
+  if cfg.qk_norm:
+    if cfg.qkv_bias:
+      raise CheckpointError("qkv_bias together with qk_norm has no HF family here")
+    return "qwen3"
+  return "qwen2" if cfg.qkv_bias else "llama"
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+  family = family_of(cfg)
+  rope: dict[str, Any] = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
+  if cfg.yarn_factor > 1:
+    rope.update(rope_type="yarn", factor=cfg.yarn_factor,
+                original_max_position_embeddings=cfg.yarn_original_max_len,
+                beta_fast=cfg.yarn_beta_fast, beta_slow=cfg.yarn_beta_slow)
+    if cfg.yarn_mscale_all_dim:
+      rope.update(mscale=cfg.yarn_mscale, mscale_all_dim=cfg.yarn_mscale_all_dim)
+  hf: dict[str, Any] = dict(
+      model_type=family, architectures=[ARCHITECTURES[family]], vocab_size=cfg.vocab_size,
+      hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
+      num_attention_heads=cfg.n_heads, intermediate_size=cfg.mlp_dim,
+      rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_embeddings,
+      max_position_embeddings=cfg.max_seq_len, hidden_act="silu", rope_parameters=rope,
+      torch_dtype=cfg.param_dtype, attention_bias=False)
+  if cfg.attention == "gqa":
+    hf.update(num_key_value_heads=cfg.kv_heads, head_dim=cfg.gqa_head_dim)
+    if family == "qwen3_moe":
+      hf.update(num_experts=cfg.n_experts, num_experts_per_tok=cfg.n_experts_per_tok,
+                moe_intermediate_size=cfg.moe_mlp_dim, norm_topk_prob=cfg.norm_topk_prob,
+                decoder_sparse_step=1, mlp_only_layers=[])
+    return hf
+  hf.update(num_key_value_heads=cfg.n_heads, q_lora_rank=cfg.q_lora_rank or None,
+            kv_lora_rank=cfg.kv_lora_rank, qk_nope_head_dim=cfg.qk_nope_head_dim,
+            qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim,
+            head_dim=cfg.qk_rope_head_dim, rope_interleave=cfg.rope_interleave,
+            n_routed_experts=cfg.n_experts, num_experts_per_tok=cfg.n_experts_per_tok,
+            moe_intermediate_size=cfg.moe_mlp_dim, n_shared_experts=cfg.n_shared_experts,
+            first_k_dense_replace=cfg.first_k_dense, n_group=cfg.n_group,
+            topk_group=cfg.topk_group, routed_scaling_factor=cfg.routed_scaling_factor,
+            norm_topk_prob=cfg.norm_topk_prob)
+  if cfg.dsa:
+    hf.update(index_n_heads=cfg.index_n_heads, index_head_dim=cfg.index_head_dim,
+              index_topk=cfg.index_topk,
+              mlp_layer_types=["dense" if i < cfg.first_k_dense else "sparse"
+                               for i in range(cfg.n_layers)])
+  return hf
+
+
+# ---------------------------------------------------------------------------------- Mapping
+
+def _t(x):  # HF Linear [out, in] -> ours [in, out]
+  return np.ascontiguousarray(x.T)
+
+
+def param_mapping(cfg: ModelConfig) -> dict[tuple, tuple[list[str], Callable, Callable]]:
+  """Our parameter path -> (HF tensor names, to_ours(*hf) -> array, to_hf(ours) -> list)."""
+  m: dict[tuple, tuple[list[str], Callable, Callable]] = {}
+
+  def linear(path, name, out_shape=None):
+    def to_ours(w):
+      w = _t(w)
+      return w.reshape(w.shape[0], *out_shape) if out_shape else w
+    def to_hf(k):
+      return [np.ascontiguousarray(k.reshape(k.shape[0], -1).T)]
+    m[path] = ([name], to_ours, to_hf)
+
+  def out_proj(path, name, heads, head_dim):
+    m[path] = ([name], lambda w: _t(w).reshape(heads, head_dim, -1),
+               lambda k: [np.ascontiguousarray(k.reshape(heads * head_dim, -1).T)])
+
+  def copy(path, name, shape=None):
+    m[path] = ([name], (lambda w: w.reshape(shape)) if shape else (lambda w: w),
+               lambda x: [x.reshape(-1) if shape else x])
+
+  def mlp(prefix, hf_prefix):
+    for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+      linear(prefix + (ours, "kernel"), f"{hf_prefix}.{theirs}.weight")
+
+  copy(("embed", "embedding"), "model.embed_tokens.weight")
+  copy(("final_norm", "scale"), "model.norm.weight")
+  if not cfg.tie_embeddings:
+    linear(("head", "kernel"), "lm_head.weight")
+  for i in range(cfg.n_layers):
+    L, hp = ("layers", i), f"model.layers.{i}"
+    copy(L + ("attn_norm", "scale"), f"{hp}.input_layernorm.weight")
+    copy(L + ("mlp_norm", "scale"), f"{hp}.post_attention_layernorm.weight")
+    A, ha = L + ("attn",), f"{hp}.self_attn"
+    if cfg.attention == "gqa":
+      hd = cfg.gqa_head_dim
+      for ours, theirs, heads in (("q_proj", "q_proj", cfg.n_heads),
+                                  ("k_proj", "k_proj", cfg.kv_heads),
+                                  ("v_proj", "v_proj", cfg.kv_heads)):
+        linear(A + (ours, "kernel"), f"{ha}.{theirs}.weight", (heads, hd))
+        if cfg.qkv_bias:
+          copy(A + (ours, "bias"), f"{ha}.{theirs}.bias", (heads, hd))
+      out_proj(A + ("o_proj", "kernel"), f"{ha}.o_proj.weight", cfg.n_heads, hd)
+      if cfg.qk_norm:
+        copy(A + ("q_norm", "scale"), f"{ha}.q_norm.weight")
+        copy(A + ("k_norm", "scale"), f"{ha}.k_norm.weight")
+    else:
+      h = cfg.n_heads
+      if cfg.q_lora_rank:
+        linear(A + ("wq_a", "kernel"), f"{ha}.q_a_proj.weight")
+        copy(A + ("q_norm", "scale"), f"{ha}.q_a_layernorm.weight")
+        linear(A + ("wq_b", "kernel"), f"{ha}.q_b_proj.weight", (h, cfg.qk_head_dim))
+      else:
+        linear(A + ("wq", "kernel"), f"{ha}.q_proj.weight", (h, cfg.qk_head_dim))
+      linear(A + ("wkv_a", "kernel"), f"{ha}.kv_a_proj_with_mqa.weight")
+      copy(A + ("kv_norm", "scale"), f"{ha}.kv_a_layernorm.weight")
+      linear(A + ("wkv_b", "kernel"), f"{ha}.kv_b_proj.weight",
+             (h, cfg.qk_nope_head_dim + cfg.v_head_dim))
+      out_proj(A + ("wo", "kernel"), f"{ha}.o_proj.weight", h, cfg.v_head_dim)
+      if cfg.dsa:
+        I, hi = A + ("indexer",), f"{ha}.indexer"
+        linear(I + ("wq_b", "kernel"), f"{hi}.wq_b.weight",
+               (cfg.index_n_heads, cfg.index_head_dim))
+        linear(I + ("wk", "kernel"), f"{hi}.wk.weight")
+        copy(I + ("k_norm", "scale"), f"{hi}.k_norm.weight")
+        copy(I + ("k_norm", "bias"), f"{hi}.k_norm.bias")
+        linear(I + ("weights_proj", "kernel"), f"{hi}.weights_proj.weight")
+    M, hm = L + ("mlp",), f"{hp}.mlp"
+    if not cfg.is_moe_layer(i):
+      mlp(M, hm)
+      continue
+    linear(M + ("router", "kernel"), f"{hm}.gate.weight")
+    if cfg.router == "sigmoid_noaux":
+      copy(M + ("router", "bias"), f"{hm}.gate.e_score_correction_bias")
+    experts = range(cfg.n_experts)
+    for ours, theirs in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
+      names = [f"{hm}.experts.{e}.{theirs}.weight" for e in experts]
+      m[M + (ours,)] = (names, lambda *ws: np.stack([_t(w) for w in ws]),
+                        lambda k: [np.ascontiguousarray(x.T) for x in k])
+    if cfg.n_shared_experts:
+      mlp(M + ("shared",), f"{hm}.shared_experts")
+  return m
+
+
+# ---------------------------------------------------------------------------------- Load
+
+class _Reader:
+  """Finds each tensor's shard through model.safetensors.index.json (or by scanning)."""
+
+  def __init__(self, path: str):
+    self.path = path
+    index = os.path.join(path, "model.safetensors.index.json")
+    self.where: dict[str, str] = {}
+    if os.path.exists(index):
+      with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+      for name, shard in weight_map.items():
+        full = os.path.join(path, shard)
+        if not os.path.exists(full):
+          raise CheckpointError(f"{index} lists shard {shard!r} (for tensor {name!r}), which "
+                                f"is missing from {path}")
+        self.where[name] = full
+    else:
+      shards = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+      if not shards:
+        raise CheckpointError(f"no *.safetensors files in {path}")
+      for shard in shards:
+        with safe_open(os.path.join(path, shard), "flax") as f:
+          for name in f.keys():
+            self.where[name] = os.path.join(path, shard)
+
+  def get(self, name: str) -> np.ndarray:
+    if name not in self.where:
+      raise CheckpointError(f"tensor {name!r} is missing from the checkpoint at {self.path}")
+    # The "flax" framework reads bf16 natively (no torch needed); numpy keeps it via ml_dtypes.
+    with safe_open(self.where[name], "flax") as f:
+      return np.asarray(f.get_tensor(name))
+
+
+def read_hf_config(path: str) -> dict:
+  config_path = os.path.join(path, "config.json")
+  if not os.path.exists(config_path):
+    raise CheckpointError(f"{config_path} does not exist")
+  with open(config_path) as f:
+    return json.load(f)
+
+
+def load_pretrained(path: str, dtype: str = "bfloat16", mesh=None, rules=None,
+                    **config_overrides) -> Transformer:
+  """Builds our model from a local HF checkpoint directory (see module docstring)."""
+  cfg = config_from_hf(read_hf_config(path), dtype=dtype)
+  if config_overrides:
+    cfg = cfg.replace(**config_overrides)
+  reader = _Reader(path)
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0)))
+  graphdef, state = nnx.split(abstract)
+  shardings = None
+  if mesh is not None:
+    shardings = dict(sharding_lib.state_shardings(
+        state, mesh, rules or sharding_lib.DEFAULT_RULES).flat_state())
+  mapping = param_mapping(cfg)
+  for path_key, var in state.flat_state():
+    key = tuple(path_key)
+    if key not in mapping:
+      raise CheckpointError(f"no HF tensor maps to parameter {'/'.join(map(str, key))}")
+    names, to_ours, _ = mapping[key]
+    value = to_ours(*[reader.get(n) for n in names])
+    expected = var.get_value().shape
+    if tuple(value.shape) != tuple(expected):
+      raise CheckpointError(f"shape mismatch for {names[0] if len(names) == 1 else names[0] + ' ...'}"
+                            f" in {path}: checkpoint gives {tuple(value.shape)} after mapping, "
+                            f"config.json implies {tuple(expected)}")
+    array = jnp.asarray(value, dtype=var.get_value().dtype)
+    if shardings is not None:
+      array = jax.device_put(array, shardings[path_key])
+    var.set_value(array)
+  return nnx.merge(graphdef, state)
+
+
+# ---------------------------------------------------------------------------------- Save
+
+def save_pretrained(model: Transformer, path: str, *, dtype: str | None = None,
+                    tokenizer_dir: str | None = None, max_shard_bytes: int = 4 << 30) -> None:
+  """Writes config.json + (sharded, indexed) model safetensors that transformers loads."""
+  cfg = model.cfg
+  os.makedirs(path, exist_ok=True)
+  hf_cfg = config_to_hf(cfg)
+  if dtype:
+    hf_cfg["torch_dtype"] = dtype
+  out_dtype = np.dtype(jnp.dtype(dtype or cfg.param_dtype))
+  mapping = param_mapping(cfg)
+  shards: list[dict[str, np.ndarray]] = [{}]
+  size = 0
+  for path_key, var in nnx.state(model).flat_state():
+    names, _, to_hf = mapping[tuple(path_key)]
+    for name, tensor in zip(names, to_hf(np.asarray(jax.device_get(var.get_value()),
+                                                    np.float32))):
+      tensor = np.ascontiguousarray(tensor.astype(out_dtype))
+      if size + tensor.nbytes > max_shard_bytes and shards[-1]:
+        shards.append({})
+        size = 0
+      shards[-1][name] = tensor
+      size += tensor.nbytes
+  if len(shards) == 1:
+    save_file(shards[0], os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+  else:
+    weight_map = {}
+    for i, shard in enumerate(shards):
+      fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+      save_file(shard, os.path.join(path, fname), metadata={"format": "pt"})
+      weight_map.update({name: fname for name in shard})
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+      json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=1)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf_cfg, f, indent=1)
+  if tokenizer_dir:
+    import shutil
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                 "generation_config.json", "chat_template.jinja"):
+      if os.path.exists(os.path.join(tokenizer_dir, name)):
+        shutil.copy(os.path.join(tokenizer_dir, name), os.path.join(path, name))
