@@ -1,0 +1,278 @@
+"""Tests of rl/rewards/sandbox.py: isolation (network, filesystem, users), limits (time,
+memory, processes, output) and clean-up (no process of a run survives it).
+
+Programs that must leave nothing behind carry a unique token in their argv (inherited by
+every fork), so the checks look for that token in /proc and cannot be confused by sandboxes
+that other tests or users run at the same time.
+"""
+
+import os
+import socket
+import threading
+import time
+import uuid
+
+import pytest
+
+from rl.rewards import sandbox
+
+needs_bwrap = pytest.mark.skipif(
+    sandbox.bwrap_path() is None,
+    reason="bubblewrap (bwrap) is not installed; run `bash launch/setup_sandbox.sh` as root")
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _pids_with(token: str) -> list[int]:
+  """Pids of live processes whose command line contains `token`."""
+  pids = []
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/cmdline", "rb") as f:
+        if token.encode() in f.read():
+          pids.append(int(entry))
+    except OSError:
+      continue
+  return pids
+
+
+def _assert_nothing_left(token: str, grace_s: float = 2.0) -> None:
+  deadline = time.monotonic() + grace_s
+  while _pids_with(token) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert _pids_with(token) == [], f"processes of run {token} survived it"
+
+
+@needs_bwrap
+def test_runs_program_with_stdin_args_and_files():
+  """The program gets stdin, argv and files= in its working directory, and its output back."""
+  code = ("import sys\n"
+          "print(sys.stdin.read().upper(), sys.argv[1:], open('data/in.txt').read())\n"
+          "print('to stderr', file=sys.stderr)\n")
+  result = sandbox.run(code, stdin="hello", args=["a", "b"], files={"data/in.txt": "payload"})
+  assert result.status == "ok" and result.exit_code == 0
+  assert result.stdout == "HELLO ['a', 'b'] payload\n"
+  assert result.stderr == "to stderr\n"
+  assert 0 < result.wall_s < 5
+
+
+@needs_bwrap
+def test_large_stdin_is_streamed():
+  """Stdin far larger than a pipe buffer reaches the program whole, without deadlock."""
+  result = sandbox.run("import sys; print(len(sys.stdin.read()))", stdin="x" * 5_000_000)
+  assert result.status == "ok" and result.stdout.strip() == "5000000"
+
+
+@needs_bwrap
+def test_runs_as_non_root_with_cleared_environment(monkeypatch):
+  """The program is not root, sees none of the caller's environment, and no host processes."""
+  monkeypatch.setenv("SEEDRL_SECRET_FOR_TEST", "leak")
+  code = ("import os, json\n"
+          "print(json.dumps([os.getuid(), os.getgid(), dict(os.environ),"
+          " sorted(p for p in os.listdir('/proc') if p.isdigit())]))\n")
+  result = sandbox.run(code)
+  assert result.status == "ok", result.stderr
+  uid, gid, env, pids = __import__("json").loads(result.stdout)
+  assert uid != 0 and gid != 0
+  assert "SEEDRL_SECRET_FOR_TEST" not in env and "leak" not in str(env)
+  assert len(pids) <= 3, f"host processes visible: {pids}"
+
+
+@needs_bwrap
+def test_status_of_exit_codes_and_signals():
+  """Exit 0 is ok, a nonzero exit or an exception is runtime_error, a signal is killed."""
+  assert sandbox.run("import sys; sys.exit(3)").status == "runtime_error"
+  result = sandbox.run("1/0")
+  assert result.status == "runtime_error" and "ZeroDivisionError" in result.stderr
+  result = sandbox.run("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+  assert result.status == "killed" and result.exit_code == -11
+
+
+@needs_bwrap
+def test_no_network():
+  """Connecting to the host's loopback (with a live listener) and to an external IP fails."""
+  server = socket.socket()
+  server.bind(("127.0.0.1", 0))
+  server.listen()
+  server.settimeout(0.5)
+  port = server.getsockname()[1]
+  code = ("import socket, sys\n"
+          "for host, port in [('127.0.0.1', int(sys.argv[1])), ('1.1.1.1', 53),"
+          " ('8.8.8.8', 443)]:\n"
+          "  try:\n"
+          "    socket.create_connection((host, port), timeout=2).close()\n"
+          "    print('CONNECTED', host)\n"
+          "  except OSError as error:\n"
+          "    print('failed', host, error)\n")
+  try:
+    result = sandbox.run(code, args=[str(port)])
+    with pytest.raises(socket.timeout):
+      server.accept()
+  finally:
+    server.close()
+  assert result.status == "ok", result.stderr
+  assert "CONNECTED" not in result.stdout
+  assert result.stdout.count("failed") == 3
+
+
+@needs_bwrap
+def test_cannot_write_outside_its_tmp():
+  """Writes to /work, the project dir, /root, / and /etc fail; /tmp is private and vanishes."""
+  name = f"seedrl-sandbox-test-{uuid.uuid4().hex}"
+  targets = [f"/work/{name}", f"{REPO_ROOT}/{name}", f"/root/{name}", f"/{name}",
+             f"/etc/{name}", f"/usr/{name}"]
+  code = ("import sys\n"
+          "for path in sys.argv[1:]:\n"
+          "  try:\n"
+          "    open(path, 'w').write('x')\n"
+          "    print('WROTE', path)\n"
+          "  except OSError as error:\n"
+          "    print('failed', path, type(error).__name__)\n"
+          f"open('/tmp/{name}', 'w').write('private')\n"
+          f"print(open('/tmp/{name}').read())\n")
+  result = sandbox.run(code, args=targets)
+  assert result.status == "ok", result.stderr
+  assert "WROTE" not in result.stdout
+  assert result.stdout.count("failed") == len(targets)
+  assert result.stdout.strip().endswith("private")
+  for path in [*targets, f"/tmp/{name}"]:
+    assert not os.path.exists(path), f"{path} appeared on the host"
+
+
+@needs_bwrap
+def test_cannot_read_host_files():
+  """/root, the project directory, /home, /etc/passwd and /etc/shadow are not readable."""
+  targets = ["/root", REPO_ROOT, os.path.join(REPO_ROOT, "README.md"), "/home", "/etc/passwd",
+             "/etc/shadow", "/work"]
+  code = ("import os, sys\n"
+          "for path in sys.argv[1:]:\n"
+          "  try:\n"
+          "    print('OPENED', path, os.listdir(path) if os.path.isdir(path) else"
+          " open(path).read()[:20])\n"
+          "  except OSError as error:\n"
+          "    print('failed', path, type(error).__name__)\n")
+  result = sandbox.run(code, args=targets)
+  assert result.status == "ok", result.stderr
+  assert "OPENED" not in result.stdout, result.stdout
+  assert result.stdout.count("failed") == len(targets)
+
+
+@needs_bwrap
+def test_infinite_loop_times_out():
+  """A busy loop ends as "timeout" close to timeout_s."""
+  result = sandbox.run("while True: pass", timeout_s=1.0)
+  assert result.status == "timeout" and result.exit_code is None
+  assert 1.0 <= result.wall_s < 3.0
+
+
+@needs_bwrap
+def test_memory_bomb():
+  """Allocating past memory_mb, at once or little by little, ends as "memory"."""
+  assert sandbox.run("x = bytearray(4 << 30)", memory_mb=256).status == "memory"
+  result = sandbox.run("x = []\nwhile True: x.append(bytearray(1 << 20))", memory_mb=256)
+  assert result.status == "memory", result
+
+
+@needs_bwrap
+def test_output_flood_is_cut_quickly():
+  """200 MB written to stdout ends as "output_limit" within a second, output capped at 1 MB."""
+  code = ("import sys\nblock = 'x' * (1 << 20)\n"
+          "for _ in range(200):\n  sys.stdout.write(block)\n")
+  start = time.monotonic()
+  result = sandbox.run(code, timeout_s=30.0)
+  assert result.status == "output_limit"
+  assert time.monotonic() - start < 2.0
+  assert len(result.stdout) <= 1 << 20
+  result = sandbox.run("import sys\nwhile True: sys.stderr.write('y' * 4096)", timeout_s=30.0)
+  assert result.status == "output_limit" and len(result.stderr) <= 1 << 20
+
+
+@needs_bwrap
+def test_fork_bomb_is_limited_and_cleaned_up():
+  """A fork bomb hits RLIMIT_NPROC (killed/runtime_error), and none of its forks survive."""
+  token = f"forkbomb-{uuid.uuid4().hex}"
+  code = "import os\nwhile True:\n  os.fork()\n"
+  start = time.monotonic()
+  result = sandbox.run(code, args=[token], timeout_s=5.0)
+  assert result.status in ("killed", "runtime_error"), result
+  assert "Resource temporarily unavailable" in result.stderr or result.status == "killed"
+  assert time.monotonic() - start < 5.0
+  _assert_nothing_left(token)
+
+
+@needs_bwrap
+def test_setsid_orphans_are_killed():
+  """A child that calls setsid() and outlives the program is killed, after exit or timeout."""
+  code = ("import os, sys, time\n"
+          "if os.fork() == 0:\n"
+          "  os.setsid()\n"
+          "  if os.fork() == 0:\n"
+          "    time.sleep(60)\n"
+          "  os._exit(0)\n"
+          "time.sleep(0.3)\n"
+          "if sys.argv[2] == 'hang':\n"
+          "  time.sleep(60)\n")
+  for mode in ("exit", "hang"):
+    token = f"orphan-{uuid.uuid4().hex}"
+    result = sandbox.run(code, args=[token, mode], timeout_s=2.0)
+    assert result.status == ("ok" if mode == "exit" else "timeout"), result
+    assert result.wall_s < 4.0
+    _assert_nothing_left(token)
+
+
+@needs_bwrap
+def test_no_process_of_the_sandbox_user_left_after_runs():
+  """After a timed-out run, no process of the sandbox user holding its token remains."""
+  token = f"leftover-{uuid.uuid4().hex}"
+  code = "import os, time\nfor _ in range(5):\n  os.fork() or time.sleep(60)\ntime.sleep(60)\n"
+  assert sandbox.run(code, args=[token], timeout_s=1.0).status == "timeout"
+  uid = sandbox.sandbox_uid()
+  survivors = [pid for pid in _pids_with(token) if os.stat(f"/proc/{pid}").st_uid == uid]
+  assert survivors == []
+  _assert_nothing_left(token)
+
+
+@needs_bwrap
+def test_concurrent_runs_are_independent():
+  """Runs from several threads each get their own stdin, stdout and working directory."""
+  results = {}
+
+  def worker(i):
+    results[i] = sandbox.run(
+        "import sys, os\nopen('mine', 'w').write(sys.stdin.read())\nprint(open('mine').read(),"
+        " len(os.listdir('.')))", stdin=str(i))
+
+  threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert {i: r.stdout for i, r in results.items()} == {i: f"{i} 2\n" for i in range(8)}
+
+
+def test_refuses_without_bwrap_unless_weak(monkeypatch):
+  """Without bwrap, run raises; allow_weak=True runs with a warning, as non-root, and still
+  enforces the timeout and kills setsid orphans."""
+  monkeypatch.setattr(sandbox, "bwrap_path", lambda: None)
+  with pytest.raises(sandbox.SandboxUnavailableError, match="bubblewrap"):
+    sandbox.run("print(1)")
+  with pytest.warns(RuntimeWarning, match="without bubblewrap"):
+    result = sandbox.run("import os; print(os.getuid())", allow_weak=True)
+  assert result.status == "ok" and int(result.stdout) != 0
+  token = f"weak-{uuid.uuid4().hex}"
+  code = ("import os, time\n"
+          "if os.fork() == 0:\n  os.setsid()\n  time.sleep(60)\n"
+          "time.sleep(60)\n")
+  with pytest.warns(RuntimeWarning):
+    result = sandbox.run(code, args=[token], timeout_s=1.0, allow_weak=True)
+  assert result.status == "timeout"
+  _assert_nothing_left(token)
+
+
+def test_rejects_unsafe_file_names():
+  """files= keys that are absolute or climb with '..' are refused before anything runs."""
+  for name in ("/etc/x", "../x", "a/../../x", "main.py"):
+    with pytest.raises(ValueError):
+      sandbox.run("pass", files={name: "x"}, allow_weak=True)
