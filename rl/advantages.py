@@ -1,0 +1,97 @@
+"""Advantage estimators (spec/rl_algorithms.md section 3). Pure jax functions, jit-safe: no
+Python loops over tokens (GAE walks the sequence with `lax.scan`).
+
+Group ids may be any integers (the trainer offsets them per generation batch); they are
+re-indexed densely inside with a static-size `jnp.unique`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def _group_stats(scores: jax.Array, group_ids: jax.Array):
+  """Per-row group size, group mean and unbiased group std (std = 1 for a group of one)."""
+  n = scores.shape[0]
+  _, inverse = jnp.unique(group_ids, return_inverse=True, size=n)
+  inverse = inverse.reshape(n)
+  count = jax.ops.segment_sum(jnp.ones_like(scores), inverse, num_segments=n)
+  total = jax.ops.segment_sum(scores, inverse, num_segments=n)
+  mean = total / jnp.maximum(count, 1.0)
+  sq = jax.ops.segment_sum((scores - mean[inverse]) ** 2, inverse, num_segments=n)
+  var = sq / jnp.maximum(count - 1.0, 1.0)
+  size = count[inverse]
+  single = size < 2
+  mean_i = jnp.where(single, 0.0, mean[inverse])
+  std_i = jnp.where(single, 1.0, jnp.sqrt(var[inverse]))
+  return size, mean_i, std_i
+
+
+def grpo(scores: jax.Array, group_ids: jax.Array, *, normalize_std: bool = True,
+         eps: float = 1e-6) -> jax.Array:
+  """GRPO: (s_i - mean_g) / (std_g + eps), unbiased std; Dr.GRPO (`normalize_std=False`):
+  s_i - mean_g. A group of one uses mean 0 and std 1."""
+  scores = jnp.asarray(scores, jnp.float32)
+  _, mean, std = _group_stats(scores, jnp.asarray(group_ids))
+  adv = scores - mean
+  return adv / (std + eps) if normalize_std else adv
+
+
+def rloo(scores: jax.Array, group_ids: jax.Array) -> jax.Array:
+  """RLOO: G/(G-1) * (s_i - mean_g), i.e. s_i minus the mean of the other G-1 samples.
+  A group of one has no baseline: its advantage is s_i."""
+  scores = jnp.asarray(scores, jnp.float32)
+  size, mean, _ = _group_stats(scores, jnp.asarray(group_ids))
+  return jnp.where(size < 2, scores, size / jnp.maximum(size - 1.0, 1.0) * (scores - mean))
+
+
+def gae(rewards: jax.Array, values: jax.Array, mask: jax.Array, *, gamma: float = 1.0,
+        lam=1.0) -> tuple[jax.Array, jax.Array]:
+  """Generalised advantage estimation over masked-in tokens.
+
+  delta_t = r_t + gamma V_next - V_t;  A_t = delta_t + gamma lam A_next, walking backwards;
+  masked-out tokens pass V_next and A_next through unchanged (so tool outputs or padding
+  between response tokens do not break the recursion). The state after the last token is
+  terminal (V = 0). `lam` is a scalar or a per-sequence [B] array (length-adaptive GAE).
+  Returns (advantages, returns = advantages + values), both zero off the mask.
+  """
+  rewards = jnp.asarray(rewards, jnp.float32)
+  values = jnp.asarray(values, jnp.float32)
+  m = jnp.asarray(mask, jnp.float32)
+  lam = jnp.broadcast_to(jnp.asarray(lam, jnp.float32), rewards.shape[:1])
+
+  def step(carry, xs):
+    next_value, next_adv = carry
+    r, v, mt = xs
+    delta = r + gamma * next_value - v
+    adv = delta + gamma * lam * next_adv
+    next_value = mt * v + (1.0 - mt) * next_value
+    next_adv = mt * adv + (1.0 - mt) * next_adv
+    return (next_value, next_adv), adv
+
+  zeros = jnp.zeros(rewards.shape[:1], jnp.float32)
+  _, adv = jax.lax.scan(step, (zeros, zeros), (rewards.T, values.T, m.T), reverse=True)
+  adv = adv.T * m
+  return adv, (adv + values) * m
+
+
+def length_adaptive_lambda(lengths: jax.Array, *, alpha: float = 0.05) -> jax.Array:
+  """VAPO: lam_policy = 1 - 1 / (alpha * l), clamped to [0, 1] (negative for l < 1/alpha)."""
+  lengths = jnp.asarray(lengths, jnp.float32)
+  return jnp.clip(1.0 - 1.0 / (alpha * jnp.maximum(lengths, 1e-9)), 0.0, 1.0)
+
+
+def masked_whiten(x: jax.Array, mask: jax.Array, eps: float = 1e-8) -> jax.Array:
+  """(x - mean) / sqrt(var + eps) over masked-in entries; unbiased variance; 0 off the mask."""
+  m = jnp.asarray(mask, jnp.float32)
+  n = jnp.sum(m)
+  mean = jnp.sum(x * m) / jnp.maximum(n, 1.0)
+  var = jnp.sum(((x - mean) * m) ** 2) / jnp.maximum(n - 1.0, 1.0)
+  return (x - mean) * jax.lax.rsqrt(var + eps) * m
+
+
+def reinforce_pp(rewards: jax.Array, mask: jax.Array, *, gamma: float = 1.0) -> jax.Array:
+  """REINFORCE++: discounted return over response tokens, whitened over the whole batch."""
+  returns, _ = gae(rewards, jnp.zeros_like(rewards, jnp.float32), mask, gamma=gamma, lam=1.0)
+  return masked_whiten(returns, mask)
