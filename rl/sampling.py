@@ -1,0 +1,136 @@
+"""The sampling distribution, shared by the rollout engine and the trainer.
+
+One definition of "the distribution the sampler drew from", so that the behaviour log-probs the
+rollout records (`logp_old`) and the log-probs the trainer recomputes are the same function of
+the logits:
+
+  1. logits / temperature (fp32);
+  2. ids >= vocab_limit removed (the tokenizer may emit fewer ids than the model has rows);
+  3. top-k: the k highest-scoring ids are kept (exactly k: ties are broken by a stable sort);
+  4. top-p (nucleus) over the renormalised top-k distribution: the smallest prefix of ids,
+     by decreasing probability, whose mass reaches top_p (at least one id);
+  5. renormalised over the kept set: log-probs are -inf outside it.
+
+Without top-p / top-k / vocab_limit the kept set is the whole vocabulary and the log-probs are
+log_softmax(logits / temperature).
+
+Keep-sampling-mask (DeepSeek-V3.2): the rollout records the kept set of every sampled token as
+a packed bit array, uint8 [..., ceil(V / 8)] (`pack_sample_mask`), which costs V / 8 bytes per
+token: 33 B at the tiny vocabulary (264), 19 KB at Qwen's 152k, i.e. ~19 MB per 1k-token
+response. That is fine for short and medium responses; very long ones at large vocabularies
+want a sparse id list instead. The trainer unpacks it (`unpack_sample_mask`) and passes it to
+`masked_logprobs`, so pi_old and pi_theta share one action space.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def kept_set(scaled_logits: jax.Array, *, top_p: float = 1.0, top_k: int = 0,
+             vocab_limit: int | None = None) -> jax.Array:
+  """Boolean [..., V] mask of the ids the sampler may draw, from logits already divided by T."""
+  vocab = scaled_logits.shape[-1]
+  allowed = jnp.ones(scaled_logits.shape, bool)
+  if vocab_limit is not None and vocab_limit < vocab:
+    allowed = allowed & (jnp.arange(vocab) < vocab_limit)
+  use_top_k = 0 < top_k < vocab
+  if not use_top_k and top_p >= 1.0:
+    return allowed
+  scores = jnp.where(allowed, scaled_logits.astype(jnp.float32), -jnp.inf)
+  order = jnp.argsort(-scores, axis=-1, stable=True)  # ids by decreasing score
+  sorted_scores = jnp.take_along_axis(scores, order, axis=-1)
+  rank = jnp.arange(vocab)
+  keep_sorted = jnp.isfinite(sorted_scores)
+  if use_top_k:
+    keep_sorted = keep_sorted & (rank < top_k)
+  if top_p < 1.0:
+    probs = jax.nn.softmax(jnp.where(keep_sorted, sorted_scores, -jnp.inf), axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep_sorted = keep_sorted & ((mass_before < top_p) | (rank == 0))
+  inverse = jnp.argsort(order, axis=-1)
+  return jnp.take_along_axis(keep_sorted, inverse, axis=-1)
+
+
+def masked_logprobs(logits: jax.Array, *, temperature: float, kept_mask: jax.Array | None = None,
+                    vocab_limit: int | None = None) -> jax.Array:
+  """log-probs [..., V] of softmax(logits / T) renormalised over `kept_mask` (-inf outside).
+
+  The trainer's recomputation: with the recorded kept mask (keep-sampling-mask) it equals the
+  sampler's `sampling_logprobs`; without one it is the full-vocabulary distribution (restricted
+  to ids < vocab_limit when given). A row whose mask keeps nothing gives zeros, not NaNs, so
+  padding positions never poison a masked loss.
+  """
+  scaled = logits.astype(jnp.float32) / temperature
+  vocab = logits.shape[-1]
+  if vocab_limit is not None and vocab_limit < vocab:
+    limit = jnp.arange(vocab) < vocab_limit
+    kept_mask = limit if kept_mask is None else kept_mask & limit
+  if kept_mask is None:
+    return jax.nn.log_softmax(scaled, axis=-1)
+  scaled = jnp.where(kept_mask, scaled, -jnp.inf)
+  peak = jnp.max(scaled, axis=-1, keepdims=True)
+  peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
+  shifted = scaled - jax.lax.stop_gradient(peak)
+  log_norm = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))
+  logp = shifted - log_norm
+  return jnp.where(jnp.isfinite(log_norm), logp, 0.0)
+
+
+def sampling_logprobs(logits: jax.Array, *, temperature: float, top_p: float = 1.0,
+                      top_k: int = 0, vocab_limit: int | None = None
+                      ) -> tuple[jax.Array, jax.Array]:
+  """The exact distribution the sampler draws from: (logprobs [..., V], kept_mask [..., V]).
+
+  logprobs are -inf outside the kept set (temperature, vocab_limit, top-k, top-p as in the
+  module docstring).
+  """
+  if temperature <= 0:
+    raise ValueError(f"temperature={temperature}: must be > 0 (use greedy decoding for T=0)")
+  if not 0.0 < top_p <= 1.0:
+    raise ValueError(f"top_p={top_p}: must be in (0, 1]")
+  if top_k < 0:
+    raise ValueError(f"top_k={top_k}: must be >= 0 (0 disables top-k)")
+  scaled = logits.astype(jnp.float32) / temperature
+  kept = kept_set(scaled, top_p=top_p, top_k=top_k, vocab_limit=vocab_limit)
+  logp = masked_logprobs(logits, temperature=temperature, kept_mask=kept)
+  return jnp.where(kept, logp, -jnp.inf), kept
+
+
+def sample(keys: jax.Array, logits: jax.Array, *, temperature: float, top_p: float = 1.0,
+           top_k: int = 0, vocab_limit: int | None = None, greedy: bool = False
+           ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Draws one token per row: keys [B] (typed PRNG keys), logits [B, V].
+
+  Returns (tokens [B] int32, their log-probs [B] under `sampling_logprobs`, kept_mask [B, V]).
+  Greedy takes the argmax among ids < vocab_limit; its log-prob is still reported under the
+  tempered distribution (T = temperature, or 1 when temperature is 0), i.e. the policy's own
+  probability of the chosen token, and its kept set is every allowed id.
+  """
+  if greedy:
+    logp, kept = sampling_logprobs(logits, temperature=temperature if temperature > 0 else 1.0,
+                                   vocab_limit=vocab_limit)
+    tokens = jnp.argmax(jnp.where(kept, logits.astype(jnp.float32), -jnp.inf), axis=-1)
+  else:
+    logp, kept = sampling_logprobs(logits, temperature=temperature, top_p=top_p, top_k=top_k,
+                                   vocab_limit=vocab_limit)
+    tokens = jax.vmap(jax.random.categorical)(keys, logp)
+  tokens = tokens.astype(jnp.int32)
+  token_logp = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+  return tokens, token_logp, kept
+
+
+def pack_sample_mask(kept_mask: jax.Array) -> jax.Array:
+  """bool [..., V] -> uint8 [..., ceil(V / 8)] (big-endian bit order, as jnp.packbits)."""
+  return jnp.packbits(kept_mask, axis=-1)
+
+
+def unpack_sample_mask(packed: jax.Array, vocab_size: int) -> jax.Array:
+  """uint8 [..., ceil(V / 8)] -> bool [..., V]; the inverse of `pack_sample_mask`."""
+  return jnp.unpackbits(packed, axis=-1, count=vocab_size).astype(bool)
+
+
+def full_sample_mask(shape: tuple[int, ...], vocab_size: int) -> jax.Array:
+  """Packed mask keeping every id, for positions the sampler did not draw (prompt, padding)."""
+  return jnp.full((*shape, -(-vocab_size // 8)), 255, jnp.uint8)
