@@ -1,0 +1,584 @@
+"""Verifiable puzzle tasks: generated prompts with gold answers, scored by our own verifiers.
+
+Contract (what the data pipeline and the curriculum use):
+
+* `make(task, *, size, seed, difficulty=None) -> list[dict]`: `size` entries, each a JSON-ready
+  dict with "question", "answer" (one gold answer), "task", "difficulty" and the fields its
+  verifier reads. The same (task, size, seed, difficulty) gives the same entries in any process.
+* `score(entry, response) -> float`: 1.0 when the response's final answer solves the entry, else
+  0.0. Never raises on model output.
+* `TASKS[name]`: `levels` (difficulty runs over `range(levels)`; None means 0) and `difficulty`,
+  a sentence saying what the knob changes, for the curriculum.
+
+Generators. "arithmetic" is ours (short "12+7*3=" prompts with a plain integer answer: the task the
+tiny demo model learns). The other tasks use reasoning-gym 0.1.25's generators, each difficulty
+level mapped to one generator config. reasoning-gym seeds item i with `seed + i`, so neighbouring
+seeds would share all but one item; every generator gets a hash of (task, level, seed) instead.
+
+Verifiers. reasoning-gym's scorers are not used: several are lenient (puzzle24 accepts numbers that
+were not given and truncates with int(); countdown reads "2.5" as the numbers 2 and 5 and allows
+`**`, `%` and `!`; most give partial credit to wrong answers) and some run model output through
+sympy's parse_expr or eval(). Ours:
+
+* Expressions (puzzle24, countdown): a character allow-list, then Python's `ast` with only integer
+  literals written in decimal, + - * /, unary minus and parentheses allowed, a bounded length, and
+  exact `fractions.Fraction` evaluation (division by zero is wrong; nothing is ever truncated).
+  The literals used must be the given numbers: all four exactly once (puzzle24), a sub-multiset
+  (countdown, whose question says "each at most once").
+* maze: the integer answer against our own BFS of the grid. sudoku / mini_sudoku: a full grid,
+  every row, column and box a permutation, every clue kept (any valid completion counts).
+  knights_knaves: one role per inhabitant, equal to the solution, which `make` re-derives by brute
+  force and checks is unique. zebra: the name, case-folded. n_queens: n non-attacking queens
+  keeping the given ones. graph_color: a JSON map covering exactly the vertices, with allowed
+  colours, no edge monochrome.
+
+Answer extraction: the last complete `\\boxed{..}`, else the text after the last "Answer:", else the
+whole response; surrounding whitespace, `*` and backticks are stripped.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import dataclasses
+import fractions
+import hashlib
+import itertools
+import json
+import random
+import re
+from collections.abc import Callable
+from typing import Any
+
+# Bounds on what a verifier will look at, so that no response costs more than a few milliseconds.
+MAX_RESPONSE_CHARS = 100_000
+MAX_EXPRESSION_CHARS = 200
+MAX_JSON_CHARS = 4096
+
+# ---------------------------------------------------------------------------------------------
+# Answer extraction
+# ---------------------------------------------------------------------------------------------
+
+_BOXED = "\\boxed{"
+_ANSWER_RE = re.compile(r"answer\s*:", re.IGNORECASE)
+
+
+def _last_boxed(text: str) -> str | None:
+  """Contents of the last complete `\\boxed{..}` (balanced braces), in one linear pass."""
+  open_braces: list[tuple[int, bool]] = []  # (content start, opened by \boxed{)
+  last: tuple[int, int] | None = None
+  i = 0
+  while i < len(text):
+    if text.startswith(_BOXED, i):
+      i += len(_BOXED)
+      open_braces.append((i, True))
+      continue
+    char = text[i]
+    if char == "{":
+      open_braces.append((i + 1, False))
+    elif char == "}" and open_braces:
+      start, boxed = open_braces.pop()
+      if boxed and (last is None or start > last[0]):
+        last = (start, i)
+    i += 1
+  return None if last is None else text[last[0]:last[1]]
+
+
+def extract_answer(response: str) -> str:
+  """The final answer of a response: last `\\boxed{}`, else after the last "Answer:", else all."""
+  text = response[-MAX_RESPONSE_CHARS:]
+  boxed = _last_boxed(text)
+  if boxed is None:
+    matches = list(_ANSWER_RE.finditer(text))
+    boxed = text[matches[-1].end():] if matches else text
+  return boxed.strip().strip("*`").strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact arithmetic on an allow-listed expression tree
+# ---------------------------------------------------------------------------------------------
+
+# Characters an expression may contain at all: rejects names, calls, attributes, strings, floats
+# and non-decimal literals (0x18) before Python's parser sees the text.
+_EXPRESSION_CHARS = re.compile(r"[0-9+\-*/() ]*")
+_BINARY_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+  """An expression's exact value and what it was built from."""
+
+  value: fractions.Fraction
+  literals: tuple[int, ...]  # the integers written in the expression, in order
+  operators: frozenset[str]  # binary operators used
+
+
+def evaluate_expression(text: str) -> Evaluation | None:
+  """Exact value of an integer +-*/ expression, or None when it is not one (or divides by zero).
+
+  Only decimal integer literals, the four binary operators, unary minus and parentheses are
+  accepted; `**`, `//`, `%`, names and calls fail the tree walk without being evaluated.
+  """
+  text = text.replace("×", "*").replace("÷", "/").replace("−", "-").replace("\u00b7", "*")
+  text = " ".join(text.split())
+  if not text or len(text) > MAX_EXPRESSION_CHARS or not _EXPRESSION_CHARS.fullmatch(text):
+    return None
+  try:
+    tree = ast.parse(text, mode="eval")
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    return None
+  literals: list[int] = []
+  operators: set[str] = set()
+
+  def walk(node: ast.AST) -> fractions.Fraction | None:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+      literals.append(node.value)
+      return fractions.Fraction(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+      operand = walk(node.operand)
+      return None if operand is None else -operand
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY_OPS:
+      left, right = walk(node.left), walk(node.right)
+      if left is None or right is None:
+        return None
+      operators.add(_BINARY_OPS[type(node.op)])
+      if isinstance(node.op, ast.Add):
+        return left + right
+      if isinstance(node.op, ast.Sub):
+        return left - right
+      if isinstance(node.op, ast.Mult):
+        return left * right
+      return None if right == 0 else left / right
+    return None
+
+  try:
+    value = walk(tree.body)
+  except RecursionError:
+    return None
+  if value is None:
+    return None
+  return Evaluation(value, tuple(literals), frozenset(operators))
+
+
+def _split_target(text: str, target: int) -> str | None:
+  """Drops a trailing "= target" (a common habit, and harmless); another right side is wrong."""
+  if "=" not in text:
+    return text
+  left, _, right = text.rpartition("=")
+  if "=" in left or right.strip() != str(target):
+    return None
+  return left
+
+
+def _verify_expression(entry: dict, answer: str, use_all: bool) -> bool:
+  expression = _split_target(answer, entry["target"])
+  if expression is None:
+    return False
+  result = evaluate_expression(expression)
+  if result is None or result.value != entry["target"]:
+    return False
+  if not result.operators <= set(entry["operators"]):
+    return False
+  used, given = collections.Counter(result.literals), collections.Counter(entry["numbers"])
+  return used == given if use_all else not used - given
+
+
+# ---------------------------------------------------------------------------------------------
+# Generators and verifiers, one section per task
+# ---------------------------------------------------------------------------------------------
+
+def _derived_seed(*parts: Any) -> int:
+  """A 31-bit seed from (task, level, seed) that is the same in every process."""
+  digest = hashlib.sha256(repr(parts).encode()).digest()
+  return int.from_bytes(digest[:4], "big") >> 1
+
+
+def _reasoning_gym_items(name: str, config: dict, size: int, seed: int) -> list[dict]:
+  # Imported here: reasoning-gym takes about a second to import and only its generators are used,
+  # so a run that trains on "arithmetic" alone never loads it.
+  import reasoning_gym  # pylint: disable=import-outside-toplevel
+
+  dataset = reasoning_gym.create_dataset(name, seed=seed, size=size, **config)
+  return [dataset[i] for i in range(size)]
+
+
+def _integer(answer: str) -> int | None:
+  answer = answer.strip()
+  return int(answer) if re.fullmatch(r"[+-]?\d{1,60}", answer) else None
+
+
+# Arithmetic (ours). Level d: 2 + d // 2 operands of up to 1 + (d + 1) // 2 digits; level 0 adds
+# only, level 1 also subtracts, level 2 and up also multiply (precedence as in Python).
+def _arithmetic_shape(level: int) -> tuple[int, int, str]:
+  operators = "+" if level == 0 else "+-" if level == 1 else "+-*"
+  return 2 + level // 2, 1 + (level + 1) // 2, operators
+
+
+def _make_arithmetic(size: int, seed: int, level: int) -> list[dict]:
+  rng = random.Random(seed)
+  num_operands, digits, operators = _arithmetic_shape(level)
+  entries = []
+  for _ in range(size):
+    operands = [str(rng.randint(0, 10**digits - 1)) for _ in range(num_operands)]
+    expression = operands[0]
+    for operand in operands[1:]:
+      expression += rng.choice(operators) + operand
+    value = evaluate_expression(expression).value
+    entries.append({"question": f"{expression}=", "answer": str(value.numerator),
+                    "expression": expression})
+  return entries
+
+
+def _verify_arithmetic(entry: dict, answer: str) -> bool:
+  return _integer(answer) == evaluate_expression(entry["expression"]).value
+
+
+# Puzzle 24.
+_PUZZLE24_LEVELS = (
+    {"min_value": 1, "max_value": 6, "operators": ("+", "-", "*")},
+    {"min_value": 1, "max_value": 9, "operators": ("+", "-", "*")},
+    {"min_value": 1, "max_value": 10, "operators": ("+", "-", "*", "/")},
+)
+
+
+def _make_puzzle24(size: int, seed: int, level: int) -> list[dict]:
+  config = _PUZZLE24_LEVELS[level]
+  entries = []
+  for item in _reasoning_gym_items("puzzle24", config, size, seed):
+    numbers = [int(n) for n in item["metadata"]["numbers"]]
+    operators = list(config["operators"])
+    question = (f"Make 24 using each of the numbers {', '.join(map(str, numbers))} exactly once, "
+                f"with the operators {' '.join(operators)} and parentheses. Give the expression "
+                "as your final answer.")
+    entries.append({"question": question, "answer": item["answer"], "numbers": numbers,
+                    "target": 24, "operators": operators})
+  return entries
+
+
+# Countdown. The question is ours: reasoning-gym's templates disagree with each other ("using all"
+# vs "at most once"); ours says "each at most once" and the verifier enforces exactly that.
+_COUNTDOWN_LEVELS = (
+    {"min_numbers": 3, "max_numbers": 3, "min_value": 1, "max_value": 20, "min_target": 10,
+     "max_target": 100, "operators": ("+", "-", "*")},
+    {"min_numbers": 4, "max_numbers": 4, "min_value": 1, "max_value": 50, "min_target": 50,
+     "max_target": 500, "operators": ("+", "-", "*")},
+    {"min_numbers": 4, "max_numbers": 5, "min_value": 1, "max_value": 100, "min_target": 100,
+     "max_target": 999},
+    {"min_numbers": 5, "max_numbers": 6, "min_value": 1, "max_value": 100, "min_target": 100,
+     "max_target": 999},
+    {"min_numbers": 6, "max_numbers": 8, "min_value": 1, "max_value": 100, "min_target": 100,
+     "max_target": 9999},
+)
+
+
+def _make_countdown(size: int, seed: int, level: int) -> list[dict]:
+  config = _COUNTDOWN_LEVELS[level]
+  operators = list(config.get("operators", ("+", "-", "*", "/")))
+  entries = []
+  for item in _reasoning_gym_items("countdown", config, size, seed):
+    numbers = [int(n) for n in item["metadata"]["numbers"]]
+    target = int(item["metadata"]["target"])
+    question = (f"Using the numbers {', '.join(map(str, numbers))}, make {target}. Each number may "
+                f"be used at most once (you need not use them all), with the operators "
+                f"{' '.join(operators)} and parentheses. Give the expression as your final answer.")
+    entries.append({"question": question, "answer": item["answer"], "numbers": numbers,
+                    "target": target, "operators": operators})
+  return entries
+
+
+# Maze: minimum number of steps, 4-connected.
+_MAZE_LEVELS = tuple(
+    {"min_dist": d0, "max_dist": d1, "min_grid_size": g0, "max_grid_size": g1}
+    for (d0, d1), (g0, g1) in (((1, 3), (5, 6)), ((3, 6), (6, 8)), ((5, 10), (7, 10)),
+                               ((10, 15), (10, 15)), ((15, 25), (15, 25))))
+
+
+def maze_distance(grid: list[str], start: str, goal: str, wall: str) -> int | None:
+  """Shortest 4-connected path length from `start` to `goal` avoiding `wall` cells (BFS)."""
+  cells = {(r, c): char for r, row in enumerate(grid) for c, char in enumerate(row)}
+  source = next(p for p, char in cells.items() if char == start)
+  distance = {source: 0}
+  queue = collections.deque([source])
+  while queue:
+    r, c = queue.popleft()
+    if cells[(r, c)] == goal:
+      return distance[(r, c)]
+    for step in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
+      if step in cells and cells[step] != wall and step not in distance:
+        distance[step] = distance[(r, c)] + 1
+        queue.append(step)
+  return None
+
+
+def _make_maze(size: int, seed: int, level: int) -> list[dict]:
+  entries = []
+  for item in _reasoning_gym_items("maze", _MAZE_LEVELS[level], size, seed):
+    meta = item["metadata"]
+    fields = {"grid": list(meta["grid"]), "start": meta["start"], "goal": meta["goal"],
+              "wall": meta["wall"]}
+    if str(maze_distance(**fields)) != item["answer"]:
+      raise RuntimeError(f"maze generator's distance {item['answer']} disagrees with our BFS")
+    entries.append({"question": item["question"], "answer": item["answer"], **fields})
+  return entries
+
+
+def _verify_maze(entry: dict, answer: str) -> bool:
+  distance = maze_distance(entry["grid"], entry["start"], entry["goal"], entry["wall"])
+  return distance is not None and _integer(answer) == distance
+
+
+# Sudoku (9x9) and mini sudoku (4x4): any valid completion of the clues counts.
+_SUDOKU_LEVELS = tuple({"min_empty": lo, "max_empty": hi}
+                       for lo, hi in ((10, 20), (20, 30), (30, 40), (40, 50), (50, 54)))
+_MINI_SUDOKU_LEVELS = tuple({"min_empty": lo, "max_empty": hi}
+                            for lo, hi in ((4, 6), (6, 8), (8, 10), (10, 12)))
+# Layout characters a grid answer may carry besides its digits (rows, separators, box rules).
+_GRID_LAYOUT = re.compile(r"[\s,;|\[\]+\-]")
+
+
+def _parse_grid(answer: str, n: int) -> list[list[int]] | None:
+  digits = _GRID_LAYOUT.sub("", answer)
+  if len(digits) != n * n or any(d not in "123456789"[:n] for d in digits):
+    return None
+  return [[int(d) for d in digits[r * n:(r + 1) * n]] for r in range(n)]
+
+
+def _verify_sudoku(entry: dict, answer: str) -> bool:
+  puzzle = entry["puzzle"]
+  n = len(puzzle)
+  box = {9: 3, 4: 2}[n]
+  grid = _parse_grid(answer, n)
+  if grid is None:
+    return False
+  if any(clue and clue != value for clue_row, row in zip(puzzle, grid)
+         for clue, value in zip(clue_row, row)):
+    return False
+  full = set(range(1, n + 1))
+  rows = grid
+  columns = [[grid[r][c] for r in range(n)] for c in range(n)]
+  boxes = [[grid[r][c] for r in range(br, br + box) for c in range(bc, bc + box)]
+           for br in range(0, n, box) for bc in range(0, n, box)]
+  return all(set(group) == full for group in itertools.chain(rows, columns, boxes))
+
+
+def _sudoku_maker(rg_name: str, levels: tuple[dict, ...]) -> Callable[[int, int, int], list]:
+  def make_entries(size: int, seed: int, level: int) -> list[dict]:
+    return [{"question": item["question"], "answer": item["answer"],
+             "puzzle": [[int(v) for v in row] for row in item["metadata"]["puzzle"]]}
+            for item in _reasoning_gym_items(rg_name, levels[level], size, seed)]
+  return make_entries
+
+
+# Knights and knaves. Statements are reasoning-gym's trees: ("telling-truth", i), ("lying", i),
+# ("not", s), ("and", s...), ("or", s...), ("->", p, q), ("<=>", p, q).
+_KNIGHTS_KNAVES_LEVELS = tuple(
+    {"n_people": n, "depth_constraint": depth, "width_constraint": width}
+    for n, depth, width in ((2, 2, 2), (3, 2, 2), (4, 2, 2), (5, 3, 2), (6, 3, 3)))
+
+
+def _truth(statement: list, honest: tuple[bool, ...]) -> bool:
+  kind, args = statement[0], statement[1:]
+  if kind == "telling-truth":
+    return honest[args[0]]
+  if kind == "lying":
+    return not honest[args[0]]
+  if kind == "not":
+    return not _truth(args[0], honest)
+  if kind == "and":
+    return all(_truth(s, honest) for s in args)
+  if kind == "or":
+    return any(_truth(s, honest) for s in args)
+  if kind == "->":
+    return not _truth(args[0], honest) or _truth(args[1], honest)
+  if kind == "<=>":
+    return _truth(args[0], honest) == _truth(args[1], honest)
+  raise ValueError(f"unknown statement kind {kind!r}")
+
+
+def knights_knaves_solutions(statements: list) -> list[tuple[bool, ...]]:
+  """Every assignment (True = knight) under which each inhabitant's statement is true iff honest."""
+  return [honest for honest in itertools.product((True, False), repeat=len(statements))
+          if all(_truth(s, honest) == honest[i] for i, s in enumerate(statements))]
+
+
+def _as_lists(tree: Any) -> Any:
+  return [_as_lists(x) for x in tree] if isinstance(tree, (tuple, list)) else tree
+
+
+def _make_knights_knaves(size: int, seed: int, level: int) -> list[dict]:
+  entries = []
+  for item in _reasoning_gym_items("knights_knaves", _KNIGHTS_KNAVES_LEVELS[level], size, seed):
+    meta = item["metadata"]
+    statements = _as_lists(meta["statements"])
+    solution = [bool(x) for x in meta["solution"]]
+    if knights_knaves_solutions(statements) != [tuple(solution)]:
+      raise RuntimeError("knights_knaves generator produced a puzzle without a unique solution")
+    terms = meta["knight_knave_terms"]
+    entries.append({"question": item["question"], "answer": item["answer"],
+                    "names": [str(n) for n in meta["names"]],
+                    "roles": [str(terms["knight"]), str(terms["knave"])],
+                    "statements": statements, "solution": solution})
+  return entries
+
+
+_CLAUSE_SPLIT = re.compile(r"[,;.\n]|\band\b", re.IGNORECASE)
+_CLAUSE = re.compile(r"(\w+)(?:\s+is\s+|\s*[:=-]\s*|\s+)(?:an?\s+)?(\w+)", re.IGNORECASE)
+
+
+def _verify_knights_knaves(entry: dict, answer: str) -> bool:
+  # Every clause must be one "<name> is a <role>": hedges ("a knight or a knave"), negations and
+  # extra prose fail, instead of being read for the assignment they happen to contain.
+  names = {name.casefold(): i for i, name in enumerate(entry["names"])}
+  knight, knave = (role.casefold() for role in entry["roles"])
+  honest: dict[int, bool] = {}
+  for clause in _CLAUSE_SPLIT.split(answer):
+    if not clause.strip():
+      continue
+    match = _CLAUSE.fullmatch(clause.strip())
+    if not match or match[1].casefold() not in names or match[2].casefold() not in (knight, knave):
+      return False
+    person, is_knight = names[match[1].casefold()], match[2].casefold() == knight
+    if honest.setdefault(person, is_knight) != is_knight:
+      return False
+  return [honest.get(i) for i in range(len(names))] == entry["solution"]
+
+
+# Zebra puzzles: the question asks for one name from the generator's uniquely solvable grid.
+_ZEBRA_LEVELS = tuple({"num_people": p, "num_characteristics": c}
+                      for p, c in ((2, 2), (3, 3), (4, 3), (4, 4), (5, 4)))
+
+
+def _make_zebra(size: int, seed: int, level: int) -> list[dict]:
+  return [{"question": item["question"], "answer": str(item["answer"])}
+          for item in _reasoning_gym_items("zebra_puzzles", _ZEBRA_LEVELS[level], size, seed)]
+
+
+def _verify_zebra(entry: dict, answer: str) -> bool:
+  return answer.strip().strip("\"'.").strip().casefold() == entry["answer"].casefold()
+
+
+# N queens: complete the board to n mutually non-attacking queens, keeping the given ones.
+_N_QUEENS_LEVELS = tuple({"n": n, "min_remove": lo, "max_remove": hi}
+                         for n, lo, hi in ((4, 1, 2), (6, 2, 4), (8, 3, 6), (8, 6, 8), (10, 6, 10)))
+
+
+def _make_n_queens(size: int, seed: int, level: int) -> list[dict]:
+  return [{"question": item["question"], "answer": item["answer"],
+           "puzzle": ["".join(row) for row in item["metadata"]["puzzle"]]}
+          for item in _reasoning_gym_items("n_queens", _N_QUEENS_LEVELS[level], size, seed)]
+
+
+def _verify_n_queens(entry: dict, answer: str) -> bool:
+  puzzle = entry["puzzle"]
+  n = len(puzzle)
+  rows = ["".join(line.split()) for line in answer.splitlines() if line.strip()]
+  if len(rows) != n or any(len(row) != n or set(row) - {"Q", "_"} for row in rows):
+    return False
+  queens = [(r, c) for r, row in enumerate(rows) for c, cell in enumerate(row) if cell == "Q"]
+  given = [(r, c) for r, row in enumerate(puzzle) for c, cell in enumerate(row) if cell == "Q"]
+  return (len(queens) == n and set(given) <= set(queens)
+          and len({r for r, _ in queens}) == n and len({c for _, c in queens}) == n
+          and len({r + c for r, c in queens}) == n and len({r - c for r, c in queens}) == n)
+
+
+# Graph colouring: a JSON map from every vertex to an allowed colour, no edge monochrome.
+_GRAPH_COLOR_LEVELS = tuple(
+    {"min_num_vertices": lo, "max_num_vertices": hi, "edge_probability": p, "num_colors": 3}
+    for lo, hi, p in ((4, 6, 0.3), (6, 10, 0.25), (10, 15, 0.2), (15, 20, 0.15), (20, 25, 0.12)))
+
+
+def _make_graph_color(size: int, seed: int, level: int) -> list[dict]:
+  entries = []
+  for item in _reasoning_gym_items("graph_color", _GRAPH_COLOR_LEVELS[level], size, seed):
+    puzzle = item["metadata"]["puzzle"]
+    coloring = {str(v): int(c) for v, c in item["metadata"]["possible_answer"].items()}
+    entries.append({"question": item["question"], "answer": json.dumps(coloring),
+                    "vertices": [int(v) for v in puzzle["vertices"]],
+                    "edges": [[int(u), int(v)] for u, v in puzzle["edges"]],
+                    "colors": [int(c) for c in puzzle["color_options"]]})
+  return entries
+
+
+def _verify_graph_color(entry: dict, answer: str) -> bool:
+  if len(answer) > MAX_JSON_CHARS:
+    return False
+  try:
+    coloring = json.loads(answer)
+  except (ValueError, RecursionError):
+    return False
+  if not isinstance(coloring, dict) or set(coloring) != {str(v) for v in entry["vertices"]}:
+    return False
+  # type() rather than isinstance: JSON true would otherwise pass as colour 1.
+  if any(type(c) is not int or c not in entry["colors"] for c in coloring.values()):
+    return False
+  return all(coloring[str(u)] != coloring[str(v)] for u, v in entry["edges"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry and public entry points
+# ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  name: str
+  levels: int  # difficulty runs over range(levels)
+  difficulty: str  # what raising the difficulty changes
+  generate: Callable[[int, int, int], list[dict]]  # (size, seed, level) -> entries
+  verify: Callable[[dict, str], bool]  # (entry, extracted answer) -> solved
+
+
+TASKS: dict[str, Task] = {task.name: task for task in (
+    Task("arithmetic", 8,
+         "operands 2 + d//2 of up to 1 + (d+1)//2 digits; level 0 only +, level 1 adds -, "
+         "level 2 and up add * (with precedence)", _make_arithmetic, _verify_arithmetic),
+    Task("puzzle24", len(_PUZZLE24_LEVELS),
+         "range of the four numbers (1-6, 1-9, 1-10) and operators (/ allowed from level 2)",
+         _make_puzzle24, lambda e, a: _verify_expression(e, a, use_all=True)),
+    Task("countdown", len(_COUNTDOWN_LEVELS),
+         "count of numbers (3 -> 6-8), their range (1-20 -> 1-100), the target range "
+         "(10-100 -> 100-9999), and / allowed from level 2",
+         _make_countdown, lambda e, a: _verify_expression(e, a, use_all=False)),
+    Task("maze", len(_MAZE_LEVELS),
+         "shortest-path length (1-3 -> 15-25 steps) and grid side (5-6 -> 15-25)",
+         _make_maze, _verify_maze),
+    Task("sudoku", len(_SUDOKU_LEVELS),
+         "empty cells of the 9x9 grid (10-20 -> 50-54)",
+         _sudoku_maker("sudoku", _SUDOKU_LEVELS), _verify_sudoku),
+    Task("mini_sudoku", len(_MINI_SUDOKU_LEVELS),
+         "empty cells of the 4x4 grid (4-6 -> 10-12)",
+         _sudoku_maker("mini_sudoku", _MINI_SUDOKU_LEVELS), _verify_sudoku),
+    Task("knights_knaves", len(_KNIGHTS_KNAVES_LEVELS),
+         "inhabitants (2 -> 6) and nesting depth / width of their statements (2/2 -> 3/3)",
+         _make_knights_knaves, _verify_knights_knaves),
+    Task("zebra", len(_ZEBRA_LEVELS),
+         "houses x attributes (2x2, 3x3, 4x3, 4x4, 5x4)", _make_zebra, _verify_zebra),
+    Task("n_queens", len(_N_QUEENS_LEVELS),
+         "board side (4 -> 10) and queens left to place (1-2 -> 6-10)",
+         _make_n_queens, _verify_n_queens),
+    Task("graph_color", len(_GRAPH_COLOR_LEVELS),
+         "vertices (4-6 -> 20-25) with 3 colours, edge probability falling (0.3 -> 0.12) so "
+         "that a colouring exists", _make_graph_color, _verify_graph_color),
+)}
+
+
+def score(entry: dict, response: str) -> float:
+  """1.0 when the response's final answer solves `entry`, else 0.0."""
+  return 1.0 if TASKS[entry["task"]].verify(entry, extract_answer(response)) else 0.0
+
+
+def make(task: str, *, size: int, seed: int, difficulty: int | None = None) -> list[dict]:
+  """`size` entries of `task` at `difficulty` (None: 0), the same for the same arguments.
+
+  Every gold answer is checked with our own verifier: a generator bug fails here, not in training.
+  """
+  spec = TASKS[task]
+  level = 0 if difficulty is None else difficulty
+  if not 0 <= level < spec.levels:
+    raise ValueError(f"{task}: difficulty {level} outside 0..{spec.levels - 1}")
+  entries = []
+  for fields in spec.generate(size, _derived_seed(task, level, seed), level):
+    entry = {"task": task, "difficulty": level, **fields}
+    if score(entry, entry["answer"]) != 1.0:
+      raise RuntimeError(f"{task}: gold answer {entry['answer']!r} fails our verifier")
+    entries.append(entry)
+  return entries
