@@ -1,0 +1,68 @@
+"""Training FLOPs of a decoder LM, used for model FLOPs utilisation (launch/bench_train.py)
+and as the sequence cost model of load balancing (rl/balance.py).
+
+Per sequence of length L (forward + backward = 3x the forward's matmul FLOPs):
+  dense part:     6 * N_matmul * L, N_matmul = active parameters that multiply activations
+                  (the embedding lookup does not; a tied LM head does);
+  attention part: 3 * n_layers * 2 * heads * (qk_dim + v_dim) * (query, key) pairs, with
+                  L (L + 1) / 2 causal pairs, or sum_t min(t + 1, index_topk) under DSA, whose
+                  lightning indexer adds 3 * 2 * index_heads * index_head_dim per causal pair.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from models.config import ModelConfig
+from models.transformer import param_counts
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+  """Active parameters per token that take part in matmuls."""
+  embed = cfg.vocab_size * cfg.d_model
+  return param_counts(cfg)["active"] - embed + (embed if cfg.tie_embeddings else 0)
+
+
+def _attention_dims(cfg: ModelConfig) -> int:
+  if cfg.attention == "mla":
+    return cfg.n_heads * (cfg.qk_head_dim + cfg.v_head_dim)
+  return cfg.n_heads * 2 * cfg.gqa_head_dim
+
+
+def causal_pairs(lengths, window: int | None = None) -> np.ndarray:
+  """(query, key) pairs of causal attention per sequence, each query seeing at most `window`
+  keys (DSA top-k) when given."""
+  length = np.asarray(lengths, np.float64)
+  full = length * (length + 1) / 2
+  if window is None:
+    return full
+  w = float(window)
+  return np.where(length <= w, full, w * (w + 1) / 2 + (length - w) * w)
+
+
+def train_flops(cfg: ModelConfig, lengths) -> dict[str, float]:
+  """Training FLOPs (forward + backward) of sequences with the given lengths."""
+  lengths = np.asarray(lengths, np.float64)
+  dense = 6.0 * matmul_params(cfg) * lengths.sum()
+  window = cfg.index_topk if cfg.dsa else None
+  attention = 6.0 * cfg.n_layers * _attention_dims(cfg) * causal_pairs(lengths, window).sum()
+  if cfg.dsa:
+    attention += (6.0 * cfg.n_layers * cfg.index_n_heads * cfg.index_head_dim
+                  * causal_pairs(lengths).sum())
+  return {"dense": float(dense), "attention": float(attention),
+          "total": float(dense + attention)}
+
+
+def cost_coefficients(cfg: ModelConfig) -> tuple[float, float]:
+  """(a, b) of the quadratic cost a * L + b * L^2 that approximates `train_flops` of one
+  sequence (exact for dense causal attention up to the linear half-pair term; under DSA the
+  top-k part is linear for L >> index_topk and the indexer stays quadratic)."""
+  per_pair = 6.0 * cfg.n_layers * _attention_dims(cfg)
+  a = 6.0 * matmul_params(cfg)
+  if cfg.dsa:
+    a += per_pair * cfg.index_topk
+    b = 3.0 * cfg.n_layers * cfg.index_n_heads * cfg.index_head_dim
+  else:
+    a += per_pair / 2
+    b = per_pair / 2
+  return a, b

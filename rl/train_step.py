@@ -1,0 +1,187 @@
+"""The pure, jitted update steps of the RL trainer: one optimiser step of the policy (PPO-family
+loss, optional KL / entropy / positive-example NLL terms) and of the critic, over one
+mini-batch split into gradient-accumulation micro-batches.
+
+Token normalisation is global: the token and sequence counts of the whole mini-batch are taken
+before the micro-batch loop and every micro-batch's loss is divided by them, so the summed
+micro-batch gradients equal the unsplit gradient exactly (the per-micro-batch mean is the bug
+verl shipped). Across data-parallel shards the same holds because the counts are sums over the
+global (sharded) batch arrays.
+
+Alignment: arrays are [B, T] over the token sequence; the log-prob of token t comes from the
+logits at position t - 1, so the loss runs over positions 1..T-1 (`[:, 1:]` of every per-token
+input, logits `[:, :-1]`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from rl import losses
+from rl.sampling import masked_logprobs, unpack_sample_mask
+
+
+class TrainState(NamedTuple):
+  params: Any  # nnx.State of nnx.Param
+  opt_state: Any
+  step: jax.Array
+
+
+def make_optimizer(*, lr: float, warmup_steps: int, weight_decay: float, grad_clip: float,
+                   b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransformation:
+  """AdamW with linear warm-up then constant lr (the DAPO/VAPO schedule), global-norm clip."""
+  schedule = optax.linear_schedule(0.0, lr, max(warmup_steps, 1))
+  schedule = optax.join_schedules([schedule, optax.constant_schedule(lr)],
+                                  [max(warmup_steps, 1)])
+  return optax.chain(optax.clip_by_global_norm(grad_clip),
+                     optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
+
+
+def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
+  return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+
+
+def _split_micro(batch: dict, micro_batches: int) -> dict:
+  def split(x):
+    return x.reshape(micro_batches, x.shape[0] // micro_batches, *x.shape[1:])
+  return jax.tree.map(split, batch)
+
+
+def global_counts(batch: dict, rl: dict) -> dict:
+  """Normalisers of the whole mini-batch (all micro-batches, all data shards)."""
+  mask = batch["response_mask"][:, 1:].astype(jnp.float32)
+  counts = {"num_tokens": jnp.maximum(jnp.sum(mask), 1.0),
+            "num_seqs": jnp.asarray(mask.shape[0], jnp.float32)}
+  if rl["nll_coef"]:
+    positive = mask * (batch["acc"][:, None] > 0)
+    counts["num_positive_tokens"] = jnp.maximum(jnp.sum(positive), 1.0)
+  return counts
+
+
+def policy_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: dict,
+                     temperature: float, max_len: int) -> tuple[jax.Array, dict]:
+  """Loss of one micro-batch, already divided by the global counts; metrics are likewise
+  global token means (so they sum over micro-batches)."""
+  model = nnx.merge(graphdef, params, rest)
+  routing = batch.get("routing") if rl["keep_routing"] else None
+  out = model.forward(batch["tokens"], routing=routing,
+                      token_mask=batch["attention_mask"])
+  kept = None
+  if rl["keep_sampling_mask"] and "sample_mask" in batch:
+    kept = unpack_sample_mask(batch["sample_mask"][:, 1:], out.logits.shape[-1])
+  logp_all = masked_logprobs(out.logits[:, :-1], temperature=temperature, kept_mask=kept)
+  targets = batch["tokens"][:, 1:]
+  logp = jnp.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]
+  mask = batch["response_mask"][:, 1:].astype(jnp.float32)
+  logp_old = batch["logp_old"][:, 1:]
+  adv = batch["advantages"][:, 1:]
+  agg = dict(num_tokens=counts["num_tokens"], num_seqs=counts["num_seqs"], max_len=max_len)
+
+  pg_mask = mask
+  if rl["offpolicy_mask_delta"]:
+    keep = losses.off_policy_sequence_mask(jax.lax.stop_gradient(logp), logp_old, adv, mask,
+                                           delta=rl["offpolicy_mask_delta"])
+    pg_mask = mask * keep
+  pg_loss, _ = losses.policy_loss(logp, logp_old, adv, pg_mask, eps_low=rl["clip_low"],
+                                  eps_high=rl["clip_high"], clip_c=rl["clip_c"] or None,
+                                  agg=rl["loss_agg_mode"], **agg)
+  loss = pg_loss
+
+  def token_mean(x, m=mask):
+    return losses.aggregate(x, m, "token-mean", num_tokens=counts["num_tokens"])
+
+  log_ratio = jnp.clip(logp - logp_old, -20.0, 20.0)
+  ratio = jnp.exp(log_ratio)
+  pos, neg = adv > 0, adv < 0
+  metrics = {
+      "pg_loss": pg_loss,
+      "clipfrac_high": token_mean(((ratio > 1 + rl["clip_high"]) & pos).astype(jnp.float32)),
+      "clipfrac_low": token_mean(((ratio < 1 - rl["clip_low"]) & neg).astype(jnp.float32)),
+      "approx_kl": token_mean(logp_old - logp),
+      "offpolicy_masked_frac": token_mean(mask - pg_mask),
+  }
+  if rl["kl_coef"] or rl["kl_coef_per_domain"]:
+    logp_ref = batch["logp_ref"][:, 1:]
+    if rl["kl_kind"] == "unbiased":
+      per_token = losses.unbiased_kl(logp, logp_old, logp_ref)
+    else:
+      per_token = losses.kl(logp, logp_ref, rl["kl_kind"])
+    beta = batch["kl_coef"][:, None]  # per-sequence (per-domain) beta
+    kl_loss = losses.aggregate(beta * per_token, mask, rl["loss_agg_mode"], **agg)
+    loss = loss + kl_loss
+    metrics["kl"] = token_mean(per_token)
+  if rl["entropy_coef"]:
+    entropy = losses.entropy_from_logprobs(logp_all)
+    loss = loss - rl["entropy_coef"] * losses.aggregate(entropy, mask, rl["loss_agg_mode"], **agg)
+  if rl["nll_coef"]:
+    positive = mask * (batch["acc"][:, None] > 0)
+    nll = losses.aggregate(-logp, positive, "token-mean",
+                           num_tokens=counts["num_positive_tokens"])
+    loss = loss + rl["nll_coef"] * nll
+    metrics["nll_positive"] = nll
+  return loss, metrics
+
+
+def critic_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: dict,
+                     max_len: int) -> tuple[jax.Array, dict]:
+  model = nnx.merge(graphdef, params, rest)
+  values = model.forward(batch["tokens"], token_mask=batch["attention_mask"]).values
+  values = values[:, :-1]  # value of the state that produced token t sits at t - 1
+  mask = batch["response_mask"][:, 1:].astype(jnp.float32)
+  loss = losses.value_loss(values, batch["values"][:, 1:], batch["returns"][:, 1:], mask,
+                           clip=rl["value_clip"], agg="token-mean",
+                           num_tokens=counts["num_tokens"])
+  return loss, {"value_loss": loss}
+
+
+def make_update(objective: Callable, graphdef, rest, optimizer: optax.GradientTransformation, *,
+                micro_batches: int, rl: dict, state_sharding=None, batch_sharding=None,
+                **objective_kwargs) -> Callable:
+  """A jitted `update(state, minibatch) -> (state, metrics)` with gradient accumulation.
+
+  `state_sharding` / `batch_sharding` (pytrees of NamedSharding, or None to let XLA choose)
+  pin the layouts; the state is donated.
+
+  A step whose loss or gradient is non-finite leaves the state unchanged and reports
+  `skipped = 1` (the trainer counts these and stops a run that keeps producing them).
+  """
+  def micro_loss(params, micro, counts):
+    return objective(params, graphdef, rest, micro, counts, rl=rl, **objective_kwargs)
+
+  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+  def update(state: TrainState, minibatch: dict):
+    counts = global_counts(minibatch, rl)
+    micros = _split_micro(minibatch, micro_batches)
+
+    def body(carry, micro):
+      grads_acc, loss_acc, metrics_acc = carry
+      (loss, metrics), grads = grad_fn(state.params, micro, counts)
+      return (jax.tree.map(jnp.add, grads_acc, grads), loss_acc + loss,
+              jax.tree.map(jnp.add, metrics_acc, metrics)), None
+
+    zero_grads = jax.tree.map(jnp.zeros_like, state.params)
+    first = jax.tree.map(lambda x: x[0], micros)
+    metric_shapes = jax.eval_shape(lambda: micro_loss(state.params, first, counts)[1])
+    zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
+    (grads, loss, metrics), _ = jax.lax.scan(body, (zero_grads, jnp.zeros(()), zero_metrics),
+                                             micros)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                             TrainState(new_params, new_opt, state.step + 1), state)
+    metrics = dict(metrics, loss=loss, grad_norm=grad_norm,
+                   skipped=(~finite).astype(jnp.float32))
+    return new_state, metrics
+
+  if state_sharding is None and batch_sharding is None:
+    return jax.jit(update, donate_argnums=0)
+  return jax.jit(update, donate_argnums=0, in_shardings=(state_sharding, batch_sharding),
+                 out_shardings=(state_sharding, None))
