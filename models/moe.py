@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models import moe_ep
 from models.config import ModelConfig
 from models.layers import MLP, dtype_of, param
 
@@ -165,7 +166,11 @@ class MoE(nnx.Module):
             else token_mask.reshape(-1).astype(bool))
     stats = router_stats(scores, ids, mask, cfg.n_experts)
     dt = self.compute_dtype
-    experts = ragged_experts if (dispatch or cfg.moe_dispatch) == "ragged" else dense_experts
+    if (dispatch or cfg.moe_dispatch) == "ragged":
+      # Expert parallelism when the ambient mesh (jax.set_mesh) has an "expert" axis > 1.
+      experts = moe_ep.dispatch_for_mesh(ragged_experts)
+    else:
+      experts = dense_experts
     y = experts(flat.astype(dt), ids, weights.astype(dt), self.w_gate[...].astype(dt),
                 self.w_up[...].astype(dt), self.w_down[...].astype(dt))
     y = y.reshape(batch, steps, dim)

@@ -92,8 +92,8 @@ def test_ragged_path_bookkeeping_matches_dense(monkeypatch):
 
 def test_dispatch_for_mesh_uses_ambient_expert_axis(monkeypatch):
   """dispatch_for_mesh keeps the local function without an expert axis and switches to
-  expert parallelism under jax.set_mesh with expert > 1; wired into the tiny MoE+MLA+DSA
-  model the way MoE.__call__ calls it, the logits equal the dense-dispatch model's."""
+  expert parallelism under jax.set_mesh with expert > 1; through MoE.__call__ in the tiny
+  MoE+MLA+DSA model, the logits equal the dense-dispatch model's."""
   assert moe_ep.dispatch_for_mesh(moe.ragged_experts) is moe.ragged_experts
   data_mesh = sharding_lib.make_mesh({"data": 8})
   assert moe_ep.dispatch_for_mesh(moe.ragged_experts, data_mesh) is moe.ragged_experts
@@ -104,15 +104,15 @@ def test_dispatch_for_mesh_uses_ambient_expert_axis(monkeypatch):
   model = build("tiny_moe_mla_dsa", seed=2)
   tokens = jax.random.randint(jax.random.key(3), (4, 12), 0, model.cfg.vocab_size)
   want = jax.jit(lambda t: model.forward(t, moe_dispatch="dense").logits)(tokens)
-  local = moe.ragged_experts
   used = []
+  dispatch = moe_ep.dispatch_for_mesh
 
-  def hooked(*args):
-    experts = moe_ep.dispatch_for_mesh(local)
-    used.append(experts is not local)
-    return experts(*args)
+  def spy(local_fn, mesh=None):  # MoE.__call__ asks dispatch_for_mesh for its experts
+    experts = dispatch(local_fn, mesh)
+    used.append(experts is not local_fn)
+    return experts
 
-  monkeypatch.setattr(moe, "ragged_experts", hooked)
+  monkeypatch.setattr(moe_ep, "dispatch_for_mesh", spy)
   with jax.set_mesh(mesh):
     got = jax.jit(lambda t: model.forward(t, moe_dispatch="ragged").logits)(tokens)
   assert used and all(used)

@@ -100,17 +100,16 @@ def test_sharded_update_matches_single_device(setup, name, monkeypatch):
   sharded over the batch axes, expert-parallel MoE dispatch where the mesh has an expert
   axis) gives the single-device loss, gradients and SGD-updated parameters (rel <= 1e-5)."""
   mesh = sharding_lib.make_mesh(MESHES[name])
-  # Route the MoE layers through expert parallelism under an expert axis, exactly as the
-  # MoE.__call__ hook does (moe_ep.dispatch_for_mesh of the ambient mesh).
-  local = moe.ragged_experts
+  # MoE.__call__ picks expert parallelism from the ambient mesh: record its choice.
   expert_parallel = []
+  dispatch = moe_ep.dispatch_for_mesh
 
-  def hooked(*args):
-    experts = moe_ep.dispatch_for_mesh(local)
-    expert_parallel.append(experts is not local)
-    return experts(*args)
+  def spy(local_fn, mesh=None):
+    experts = dispatch(local_fn, mesh)
+    expert_parallel.append(experts is not local_fn)
+    return experts
 
-  monkeypatch.setattr(moe, "ragged_experts", hooked)
+  monkeypatch.setattr(moe_ep, "dispatch_for_mesh", spy)
 
   param_shardings = sharding_lib.state_shardings(setup["params"], mesh)
   params = jax.device_put(setup["params"], param_shardings)
