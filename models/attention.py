@@ -24,7 +24,7 @@ from flax import nnx
 import kernels
 from models import cache as cache_lib
 from models.config import ModelConfig
-from models.dsa import Indexer
+from models.dsa import INDEXER_STAGES, Indexer, indexer_loss
 from models.layers import Dense, RMSNorm, apply_rope, dtype_of, param
 
 
@@ -122,7 +122,11 @@ class MLAttention(nnx.Module):
     self.indexer = Indexer(cfg, rngs=rngs) if cfg.dsa else None
 
   def __call__(self, x, positions, mask, layer_cache=None, start=None, *,
-               absorbed: bool | None = None, kernel_backend: str = "auto"):
+               absorbed: bool | None = None, kernel_backend: str = "auto",
+               indexer_stage: str | None = None, token_mask=None):
+    """`indexer_stage` (DSA, no cache) adds the indexer's KL loss to the returned aux:
+    "dense_warmup" attends densely and fits the indexer to the dense attention; "sparse"
+    attends over the indexer's top-k and fits it there (models.dsa.indexer_loss)."""
     cfg = self.cfg
     nope, rope = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
     if self.wq is None:
@@ -160,24 +164,44 @@ class MLAttention(nnx.Module):
     q_absorbed = jnp.einsum("bthn,chn->bthc", q_nope, w_uk)
     q_full = jnp.concatenate([q_absorbed, q_pe], axis=-1)  # [B, T, H, kv_lora + rope]
     aux: dict[str, Any] = {}
-    if self.indexer is not None:
+    if self.indexer is not None and indexer_stage == "dense_warmup":
+      if layer_cache is not None:
+        raise ValueError("indexer_stage='dense_warmup' is a training mode: no KV cache")
+      out_latent = self._dense_latent_attention(q_full, latent, mask)
+      loss, metrics = indexer_loss(self.indexer, "dense_warmup", x=x, q_latent=q_latent,
+                                   positions=positions, q_full=q_full, latent=latent,
+                                   scale=cfg.softmax_scale, mask=mask, token_mask=token_mask)
+      aux = {"indexer_loss": loss, "indexer_metrics": metrics}
+    elif self.indexer is not None:
       index_k_cache = None if layer_cache is None else layer_cache["index_k"]
       indices, index_scores, index_k_cache = self.indexer(
           x, q_latent, positions, index_k_cache=index_k_cache, start=start,
           kernel_backend=kernel_backend)
       if new_cache is not None:
         new_cache["index_k"] = index_k_cache
-      out_latent, _ = kernels.sparse_mla(q_full, latent, indices, scale=cfg.softmax_scale,
-                                         d_v=cfg.kv_lora_rank, backend=kernel_backend)
+      out_latent, lse = kernels.sparse_mla(q_full, latent, indices, scale=cfg.softmax_scale,
+                                           d_v=cfg.kv_lora_rank, backend=kernel_backend)
       aux = {"index_topk": indices, "index_scores": index_scores}
+      if indexer_stage == "sparse":
+        if layer_cache is not None:
+          raise ValueError("indexer_stage='sparse' is a training mode: no KV cache")
+        aux["indexer_loss"], aux["indexer_metrics"] = indexer_loss(
+            self.indexer, "sparse", x=x, q_latent=q_latent, positions=positions, q_full=q_full,
+            latent=latent, scale=cfg.softmax_scale, indices=indices, lse=lse,
+            token_mask=token_mask)
+      elif indexer_stage is not None:
+        raise ValueError(f"indexer_stage={indexer_stage!r}: must be one of {INDEXER_STAGES}")
     else:
-      logits = jnp.einsum("bthc,bsc->bhts", q_full, latent,
-                          preferred_element_type=jnp.float32) * cfg.softmax_scale
-      probs = masked_softmax(logits, mask[:, None])
-      out_latent = jnp.einsum("bhts,bsc->bthc", probs.astype(latent.dtype),
-                              latent[..., :cfg.kv_lora_rank])
+      out_latent = self._dense_latent_attention(q_full, latent, mask)
     out = jnp.einsum("bthc,chv->bthv", out_latent.astype(q.dtype), w_uv)
     return self.wo(out), new_cache, aux
+
+  def _dense_latent_attention(self, q_full, latent, mask):
+    logits = jnp.einsum("bthc,bsc->bhts", q_full, latent,
+                        preferred_element_type=jnp.float32) * self.cfg.softmax_scale
+    probs = masked_softmax(logits, mask[:, None])
+    return jnp.einsum("bhts,bsc->bthc", probs.astype(latent.dtype),
+                      latent[..., :self.cfg.kv_lora_rank])
 
 
 def make_attention(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:

@@ -31,6 +31,8 @@ class ModelOutput(NamedTuple):
   router_stats: RouterStats | None  # fields stacked over MoE layers: [n_moe_layers, E] ...
   index_topk: tuple | None  # per DSA layer: indexer top-k indices [B, T, K]
   index_scores: tuple | None  # per DSA layer: their indexer scores [B, T, K]
+  indexer_loss: jax.Array | None = None  # summed over DSA layers and tokens (indexer_stage)
+  indexer_metrics: dict | None = None  # indexer_kl, indexer_topk_overlap: means over layers
 
 
 class DecoderLayer(nnx.Module):
@@ -42,9 +44,11 @@ class DecoderLayer(nnx.Module):
     self.mlp = MoE(cfg, rngs=rngs) if self.is_moe else MLP(cfg, cfg.mlp_dim, rngs=rngs)
 
   def __call__(self, x, positions, mask, *, layer_cache=None, start=None, expert_ids=None,
-               token_mask=None, kernel_backend="auto", moe_dispatch=None):
+               token_mask=None, kernel_backend="auto", moe_dispatch=None, indexer_stage=None):
+    extra = {} if indexer_stage is None else {"indexer_stage": indexer_stage,
+                                              "token_mask": token_mask}
     attn_out, new_cache, attn_aux = self.attn(self.attn_norm(x), positions, mask, layer_cache,
-                                              start, kernel_backend=kernel_backend)
+                                              start, kernel_backend=kernel_backend, **extra)
     x = x + attn_out
     h = self.mlp_norm(x)
     if self.is_moe:
@@ -81,7 +85,8 @@ class Transformer(nnx.Module):
               segment_ids: jax.Array | None = None, cache: dict | None = None,
               num_new: jax.Array | None = None, routing: jax.Array | None = None,
               token_mask: jax.Array | None = None, kernel_backend: str = "auto",
-              moe_dispatch: str | None = None) -> ModelOutput:
+              moe_dispatch: str | None = None,
+              indexer_stage: str | None = None) -> ModelOutput:
     """Runs the model.
 
     Args:
@@ -97,8 +102,12 @@ class Transformer(nnx.Module):
       token_mask: [B, T] tokens that count in the router statistics (default all).
       kernel_backend: DSA kernel backend ("auto", "reference", "interpret", "gpu", "tpu").
       moe_dispatch: override cfg.moe_dispatch ("ragged" or "dense").
+      indexer_stage: DSA training only: "dense_warmup" or "sparse" adds the indexer KL loss
+        (summed over layers and the tokens of `token_mask`) to the output.
     """
     cfg = self.cfg
+    if indexer_stage is not None and not cfg.dsa:
+      raise ValueError(f"indexer_stage={indexer_stage!r} needs a DSA model (cfg.dsa=True)")
     batch, steps = tokens.shape
     if cache is not None:
       start = cache["lengths"]
@@ -122,6 +131,7 @@ class Transformer(nnx.Module):
 
     x = self.embed(tokens)
     new_layers, all_ids, all_stats, index_topk, index_scores = [], [], [], [], []
+    index_losses, index_metrics = [], []
     moe_index = 0
     for i, layer in enumerate(self.layers):
       expert_ids = None
@@ -130,12 +140,15 @@ class Transformer(nnx.Module):
       x, layer_cache, ids, stats, aux = layer(
           x, positions, mask, layer_cache=None if cache is None else cache["layers"][i],
           start=start, expert_ids=expert_ids, token_mask=token_mask,
-          kernel_backend=kernel_backend, moe_dispatch=moe_dispatch)
+          kernel_backend=kernel_backend, moe_dispatch=moe_dispatch, indexer_stage=indexer_stage)
       new_layers.append(layer_cache)
       if layer.is_moe:
         moe_index += 1
         all_ids.append(ids)
         all_stats.append(stats)
+      if "indexer_loss" in aux:
+        index_losses.append(aux["indexer_loss"])
+        index_metrics.append(aux["indexer_metrics"])
       if "index_topk" in aux:
         index_topk.append(aux["index_topk"])
         index_scores.append(aux["index_scores"])
@@ -158,7 +171,10 @@ class Transformer(nnx.Module):
         logits=logits, values=values, cache=new_cache,
         routing=jnp.stack(all_ids, axis=2) if all_ids else None,
         router_stats=jax.tree.map(lambda *xs: jnp.stack(xs), *all_stats) if all_stats else None,
-        index_topk=tuple(index_topk) or None, index_scores=tuple(index_scores) or None)
+        index_topk=tuple(index_topk) or None, index_scores=tuple(index_scores) or None,
+        indexer_loss=sum(index_losses) if index_losses else None,
+        indexer_metrics=(jax.tree.map(lambda *xs: sum(xs) / len(xs), *index_metrics)
+                         if index_metrics else None))
 
 
 def build(cfg: ModelConfig | str, *, seed: int = 0, **overrides: Any) -> Transformer:
