@@ -43,6 +43,7 @@ BASE: dict[str, Any] = dict(
     overlong_factor=1.0,
     overlong_filter=False,  # truncated responses get zero loss weight
     offpolicy_mask_delta=0.0,  # > 0: DeepSeek-V3.2 off-policy sequence masking
+    indexer_coef=0.0,  # DSA models: weight of the indexer KL loss during RL (0: indexer frozen)
     keep_routing=False,
     keep_sampling_mask=False,
     reward_mode="verify",  # "dapo": +1 correct / -1 wrong
@@ -55,7 +56,7 @@ RECIPES: dict[str, dict[str, Any]] = {
     "dr_grpo": dict(estimator="dr_grpo", loss_agg_mode="seq-mean-token-sum-norm"),
     "rloo": dict(estimator="rloo"),
     "reinforce_pp": dict(estimator="reinforce_pp"),
-    "dapo": dict(clip_low=0.2, clip_high=0.28, dynamic_sampling=True, overlong_buffer=16,
+    "dapo": dict(clip_low=0.2, clip_high=0.28, dynamic_sampling=True, overlong_buffer=4096,
                  reward_mode="dapo"),
     "vapo": dict(estimator="gae", use_critic=True, critic_warmup_steps=10, lam=1.0,
                  lam_critic=1.0, length_adaptive_alpha=0.05, clip_low=0.2, clip_high=0.28,

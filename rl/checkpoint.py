@@ -27,6 +27,9 @@ class Checkpointer:
     return self.manager.latest_step()
 
   def save(self, step: int, state: Any, record: dict, *, force: bool = False) -> bool:
+    """Saves if `step` is on the save interval (or `force`); a step already saved is kept."""
+    if step in self.manager.all_steps():
+      return False
     return self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), record=ocp.args.JsonSave(record)), force=force)
 

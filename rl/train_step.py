@@ -56,7 +56,8 @@ def global_counts(batch: dict, rl: dict) -> dict:
   """Normalisers of the whole mini-batch (all micro-batches, all data shards)."""
   mask = batch["response_mask"][:, 1:].astype(jnp.float32)
   counts = {"num_tokens": jnp.maximum(jnp.sum(mask), 1.0),
-            "num_seqs": jnp.asarray(mask.shape[0], jnp.float32)}
+            "num_seqs": jnp.asarray(mask.shape[0], jnp.float32),
+            "num_attended": jnp.maximum(jnp.sum(batch["attention_mask"]), 1.0)}
   if rl["nll_coef"]:
     positive = mask * (batch["acc"][:, None] > 0)
     counts["num_positive_tokens"] = jnp.maximum(jnp.sum(positive), 1.0)
@@ -69,8 +70,9 @@ def policy_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: d
   global token means (so they sum over micro-batches)."""
   model = nnx.merge(graphdef, params, rest)
   routing = batch.get("routing") if rl["keep_routing"] else None
-  out = model.forward(batch["tokens"], routing=routing,
-                      token_mask=batch["attention_mask"])
+  stage = "sparse" if rl["indexer_coef"] else None
+  out = model.forward(batch["tokens"], routing=routing, token_mask=batch["attention_mask"],
+                      indexer_stage=stage)
   kept = None
   if rl["keep_sampling_mask"] and "sample_mask" in batch:
     kept = unpack_sample_mask(batch["sample_mask"][:, 1:], out.logits.shape[-1])
@@ -115,9 +117,14 @@ def policy_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: d
     kl_loss = losses.aggregate(beta * per_token, mask, rl["loss_agg_mode"], **agg)
     loss = loss + kl_loss
     metrics["kl"] = token_mean(per_token)
+  entropy = losses.entropy_from_logprobs(logp_all)
+  metrics["entropy"] = token_mean(entropy)
   if rl["entropy_coef"]:
-    entropy = losses.entropy_from_logprobs(logp_all)
     loss = loss - rl["entropy_coef"] * losses.aggregate(entropy, mask, rl["loss_agg_mode"], **agg)
+  if stage is not None:
+    # DSA indexer KL on the sampled sequences (inputs detached: trains only the indexer).
+    loss = loss + rl["indexer_coef"] * out.indexer_loss / counts["num_attended"]
+    metrics["indexer_kl"] = out.indexer_metrics["indexer_kl"] / counts["micro_batches"]
   if rl["nll_coef"]:
     positive = mask * (batch["acc"][:, None] > 0)
     nll = losses.aggregate(-logp, positive, "token-mean",
@@ -156,7 +163,8 @@ def make_update(objective: Callable, graphdef, rest, optimizer: optax.GradientTr
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
   def update(state: TrainState, minibatch: dict):
-    counts = global_counts(minibatch, rl)
+    counts = dict(global_counts(minibatch, rl),
+                  micro_batches=jnp.asarray(micro_batches, jnp.float32))
     micros = _split_micro(minibatch, micro_batches)
 
     def body(carry, micro):

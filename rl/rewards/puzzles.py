@@ -224,8 +224,12 @@ def _make_arithmetic(size: int, seed: int, level: int) -> list[dict]:
     for operand in operands[1:]:
       expression += rng.choice(operators) + operand
     value = evaluate_expression(expression).value
-    entries.append({"question": f"{expression}=", "answer": str(value.numerator),
-                    "expression": expression})
+    answer = str(value.numerator)
+    # Worked solution for the SFT cold start: the digits from the ones place up (the order in
+    # which column arithmetic produces them), then the answer.
+    reversed_digits = answer.lstrip("-")[::-1] + ("-" if answer.startswith("-") else "")
+    entries.append({"question": f"{expression}=", "answer": answer, "expression": expression,
+                    "solution": f"{reversed_digits} Answer: {answer}"})
   return entries
 
 

@@ -1,0 +1,138 @@
+"""Shared pieces of every config: the section layout, defaults and validation.
+
+A config file's `get_config(arg)` starts from `base_config(...)`, changes what it needs, and
+returns a locked ConfigDict: an unknown key (e.g. a typo in `--config.rl.clip_hihg=0.3`) is
+an error. `validate(config)` runs at start-up and names the bad field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from models.config import ModelConfig, PRESETS, get_config as get_model_config
+from rl import algorithms
+
+JOBS = ("rl", "sft", "sft_rl")
+TOKENIZERS_BUILTIN = ("byte",)
+
+
+def model_section(preset: str, **overrides) -> ml_collections.ConfigDict:
+  """Every ModelConfig field of the preset (so each is overridable and typos fail)."""
+  cfg = get_model_config(preset, **overrides)
+  section = ml_collections.ConfigDict(dataclasses.asdict(cfg))
+  section.preset = preset
+  return section
+
+
+def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
+                **model_overrides) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.job = "rl"
+  c.seed = 0
+  c.model = model_section(preset, **model_overrides)
+  c.tokenizer = "byte"
+  c.init_checkpoint = ""  # orbax checkpoint directory of an earlier stage (e.g. SFT)
+
+  c.data = ml_collections.ConfigDict(dict(
+      task="arithmetic",  # a task of rl/rewards/puzzles.py
+      difficulty=0,
+      train_size=2000,
+      heldout_size=200,
+      heldout_seed=10_000,  # a different generator seed: held-out problems never trained on
+      prompt_template="plain",  # "plain": the question as is; "chat": the chat template
+  ))
+  c.rollout = ml_collections.ConfigDict(dict(
+      max_new_tokens=16,
+      temperature=1.0,
+      top_p=1.0,
+      top_k=0,
+      prompt_bucket=16,
+      eval_temperature=0.0,  # greedy evaluation
+  ))
+  c.rl = ml_collections.ConfigDict(algorithms.recipe(algorithm))
+  c.optim = ml_collections.ConfigDict(dict(
+      lr=1e-4, warmup_steps=5, weight_decay=0.0, grad_clip=1.0, b1=0.9, b2=0.99,
+      critic_lr=2e-4,
+  ))
+  c.sft = ml_collections.ConfigDict(dict(
+      batch_size=32,
+      epochs=2,
+      lr=1e-3,
+      warmup_steps=20,
+      final_lr_fraction=0.1,  # cosine decay from lr to lr * this
+      weight_decay=0.0,
+      log_every=20,
+      # DSA models: weight of the indexer KL loss (0 leaves the indexer untrained), and the
+      # steps of dense attention (indexer fitted to it) before sparse training.
+      indexer_coef=1.0,
+      dense_warmup_steps=200,
+  ))
+  c.train = ml_collections.ConfigDict(dict(
+      steps=50,
+      prompts_per_step=16,
+      samples_per_prompt=8,
+      mini_batches=1,  # optimiser steps per PPO epoch
+      micro_batches=1,  # gradient-accumulation slices of one mini-batch
+      log_every=1,
+      eval_every=25,
+      checkpoint_every=25,
+      keep_checkpoints=2,
+      max_bad_steps=3,  # consecutive non-finite steps before the run stops
+  ))
+  return c
+
+
+def _allowed(field: str, value, allowed) -> None:
+  if value not in allowed:
+    raise ValueError(f"config.{field}={value!r}: must be one of {list(allowed)}")
+
+
+def _positive(c: ml_collections.ConfigDict, section: str, *fields: str) -> None:
+  for f in fields:
+    if c[section][f] <= 0:
+      raise ValueError(f"config.{section}.{f}={c[section][f]!r}: must be positive")
+
+
+def model_config(c: ml_collections.ConfigDict) -> ModelConfig:
+  """The ModelConfig named by config.model (its own checks name the field)."""
+  fields = {k: v for k, v in c.model.to_dict().items() if k != "preset"}
+  _allowed("model.preset", c.model.preset, sorted(PRESETS))
+  try:
+    return ModelConfig(**fields)
+  except ValueError as e:
+    raise ValueError(str(e).replace("ModelConfig.", "config.model.")) from None
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+  """Start-up checks: every bad value fails here, naming the field and what is allowed."""
+  _allowed("job", c.job, JOBS)
+  model_config(c)
+  from rl.rewards import puzzles  # deferred: keeps config files importable without rewards
+  _allowed("data.task", c.data.task, sorted(puzzles.TASKS))
+  _allowed("data.prompt_template", c.data.prompt_template, ("plain", "chat"))
+  _positive(c, "data", "train_size", "heldout_size")
+  _positive(c, "rollout", "max_new_tokens", "prompt_bucket")
+  if c.rollout.temperature < 0:
+    raise ValueError(f"config.rollout.temperature={c.rollout.temperature}: must be >= 0")
+  if not 0 < c.rollout.top_p <= 1:
+    raise ValueError(f"config.rollout.top_p={c.rollout.top_p}: must be in (0, 1]")
+  algorithms.validate_rl(c.rl)
+  if c.rl.overlong_buffer and c.rl.overlong_buffer >= c.rollout.max_new_tokens:
+    raise ValueError(
+        f"config.rl.overlong_buffer={c.rl.overlong_buffer}: must be smaller than "
+        f"config.rollout.max_new_tokens={c.rollout.max_new_tokens} (the penalty ramps over the "
+        "last overlong_buffer tokens; 0 turns it off)")
+  _positive(c, "optim", "lr")
+  _positive(c, "sft", "batch_size", "epochs", "lr", "log_every")
+  _positive(c, "train", "steps", "prompts_per_step", "samples_per_prompt", "mini_batches",
+            "micro_batches", "log_every")
+  batch = c.train.prompts_per_step * c.train.samples_per_prompt
+  if batch % (c.train.mini_batches * c.train.micro_batches):
+    raise ValueError(
+        f"config.train.mini_batches={c.train.mini_batches} x micro_batches="
+        f"{c.train.micro_batches} must divide the batch of {batch} sequences "
+        f"(prompts_per_step x samples_per_prompt)")
+  if c.tokenizer not in TOKENIZERS_BUILTIN and not c.tokenizer:
+    raise ValueError("config.tokenizer: must be 'byte' or a checkpoint directory")

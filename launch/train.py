@@ -1,0 +1,68 @@
+"""Entry point of every training job.
+
+  python launch/train.py --config=configs/demo.py --workdir=/tmp/seedrl_demo
+  python launch/train.py --config=configs/demo.py:vapo --config.train.steps=20
+
+The config file's `get_config(arg)` builds the run; `--config.a.b=v` overrides any field (an
+unknown field is an error). The config is validated before anything is built, and a bad value
+is reported with its field name and the allowed values. Rerunning the same command with the
+same workdir resumes from the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging as pylogging
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from configs import common  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:arg]).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (checkpoints, metrics). "
+                               "Default: ./workdir/<config name>.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  config = _CONFIG.value
+  if config is None:
+    raise app.UsageError("--config=configs/<name>.py is required")
+  try:
+    common.validate(config)
+  except ValueError as e:
+    logging.error("invalid config: %s", e)
+    print(f"invalid config: {e}", file=sys.stderr)
+    sys.exit(2)
+  workdir = _WORKDIR.value or os.path.join(
+      "workdir", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
+  logging.info("workdir: %s", os.path.abspath(workdir))
+  if config.job == "rl":
+    from rl import trainer
+    trainer.run(config, workdir)
+  elif config.job == "sft":
+    from rl import sft
+    sft.run(config, workdir)
+  else:
+    from rl import pipeline
+    pipeline.run_sft_then_rl(config, workdir)
+
+
+def _only_project_info(record) -> bool:
+  """Library INFO chatter (orbax logs every checkpoint operation) is dropped; warnings and
+  errors from anywhere, and this project's progress lines, are kept."""
+  return record.levelno >= pylogging.WARNING or record.pathname.startswith(_ROOT)
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+if __name__ == "__main__":
+  logging.set_verbosity(logging.INFO)
+  logging.get_absl_handler().addFilter(_only_project_info)
+  app.run(main)

@@ -1,0 +1,467 @@
+"""The RL training loop, read top to bottom: prompts -> rollout -> rewards -> dynamic sampling ->
+advantages -> PPO epochs over shuffled mini-batches -> metrics -> checkpoint.
+
+Everything it calls is a pure function (rl/advantages.py, rl/losses.py, rl/train_step.py) or a
+small object with one job (rollout engine, verifier, checkpointer). A new recipe is a config
+(rl/algorithms.py); a new project is a fork of this file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from flax import nnx
+
+from configs import common
+from models.tokenizer import load_tokenizer
+from models.transformer import Transformer
+from rl import advantages as adv_lib
+from rl import losses
+from rl import rollout as rollout_lib
+from rl import train_step as ts
+from rl.checkpoint import Checkpointer
+from rl.rewards import puzzles
+from rl.rewards.shaping import overlong_penalty, place_on_last_token
+from rl.sampling import masked_logprobs, unpack_sample_mask
+
+
+class MetricsWriter:
+  """metrics.jsonl + TensorBoard scalars in the workdir; only process 0 writes."""
+
+  def __init__(self, workdir: str):
+    self.enabled = jax.process_index() == 0
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.tb = None
+    if self.enabled:
+      os.makedirs(workdir, exist_ok=True)
+      from tensorboardX import SummaryWriter
+      self.tb = SummaryWriter(os.path.join(workdir, "tb"))
+
+  def write(self, step: int, metrics: dict[str, float]) -> None:
+    if not self.enabled:
+      return
+    with open(self.path, "a") as f:
+      f.write(json.dumps({"step": step, **metrics}) + "\n")
+    for k, v in metrics.items():
+      self.tb.add_scalar(k, v, step)
+    self.tb.flush()
+
+  def close(self):
+    if self.tb is not None:
+      self.tb.close()
+
+
+# ======================================================================== Data
+
+def encode_prompts(entries, tokenizer, template: str) -> list[list[int]]:
+  if template == "chat":
+    return [tokenizer.apply_chat_template([{"role": "user", "content": e["question"]}])
+            for e in entries]
+  return [tokenizer.encode(e["question"], add_bos=True) for e in entries]
+
+
+def step_prompt_indices(seed: int, step: int, batch: int, num_prompts: int) -> np.ndarray:
+  """Deterministic in (seed, step): a resumed run draws exactly the prompts it would have."""
+  return np.random.default_rng([seed, step]).choice(num_prompts, size=batch, replace=False)
+
+
+# ======================================================================== Reward
+
+def score_trajectories(traj, entries, tokenizer, cfg) -> dict[str, np.ndarray]:
+  """Decodes responses, verifies them (never evaluating model output in this process: the
+  puzzle verifiers parse with an allow-listed AST walk) and shapes the reward."""
+  tokens = np.asarray(traj.tokens)
+  resp_mask = np.asarray(traj.response_mask).astype(bool)
+  lengths = resp_mask.sum(-1)
+  acc = np.zeros(len(tokens), np.float32)
+  for n in range(len(tokens)):
+    text = tokenizer.decode(tokens[n][resp_mask[n]])
+    acc[n] = puzzles.score(entries[n], text)
+  rl = cfg.rl
+  scores = 2.0 * acc - 1.0 if rl.reward_mode == "dapo" else acc.copy()
+  if rl.overlong_buffer:
+    scores = scores + np.asarray(overlong_penalty(
+        jnp.asarray(lengths), max_len=cfg.rollout.max_new_tokens, buffer=rl.overlong_buffer,
+        factor=rl.overlong_factor))
+  return {"acc": acc, "scores": scores.astype(np.float32), "lengths": lengths}
+
+
+def concat_trajectories(parts):
+  width = max(p.tokens.shape[1] for p in parts)
+
+  def pad(x):
+    if x is None or x.ndim < 2 or x.shape[1] == width:
+      return x
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (0, width - x.shape[1])
+    return np.pad(np.asarray(x), widths)
+
+  def cat(*xs):
+    if xs[0] is None:
+      return None
+    return np.concatenate([np.asarray(pad(x)) for x in xs])
+  return jax.tree.map(cat, *parts, is_leaf=lambda x: x is None)
+
+
+# ======================================================================== Loop
+
+class Trainer:
+  """Holds the run's state between steps; `run()` is the loop."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    common.validate(config)
+    self.config = c = config
+    self.workdir = workdir
+    os.makedirs(workdir, exist_ok=True)
+    self.tokenizer = load_tokenizer(c.tokenizer)
+    self.model_cfg = common.model_config(c)
+
+    # -------------------------------------------------------------- Data
+    self.train_entries = puzzles.make(c.data.task, size=c.data.train_size, seed=c.seed,
+                                      difficulty=c.data.difficulty)
+    self.heldout_entries = puzzles.make(c.data.task, size=c.data.heldout_size,
+                                        seed=c.data.heldout_seed, difficulty=c.data.difficulty)
+    train_q = {e["question"] for e in self.train_entries}
+    self.heldout_entries = [e for e in self.heldout_entries if e["question"] not in train_q]
+    self.train_prompts = encode_prompts(self.train_entries, self.tokenizer,
+                                        c.data.prompt_template)
+    self.heldout_prompts = encode_prompts(self.heldout_entries, self.tokenizer,
+                                          c.data.prompt_template)
+
+    # -------------------------------------------------------------- Model and optimiser
+    policy = Transformer(self.model_cfg, rngs=nnx.Rngs(params=c.seed))
+    self.graphdef, params, self.rest = nnx.split(policy, nnx.Param, ...)
+    self.optimizer = ts.make_optimizer(lr=c.optim.lr, warmup_steps=c.optim.warmup_steps,
+                                       weight_decay=c.optim.weight_decay,
+                                       grad_clip=c.optim.grad_clip, b1=c.optim.b1,
+                                       b2=c.optim.b2)
+    self.state = ts.init_state(params, self.optimizer)
+    self.critic = None
+    if c.rl.use_critic:
+      critic = Transformer(self.model_cfg.replace(head="scalar", tie_embeddings=False),
+                           rngs=nnx.Rngs(params=c.seed + 1))
+      self.critic_graphdef, critic_params, self.critic_rest = nnx.split(critic, nnx.Param, ...)
+      self.critic_optimizer = ts.make_optimizer(
+          lr=c.optim.critic_lr, warmup_steps=c.optim.warmup_steps,
+          weight_decay=c.optim.weight_decay, grad_clip=c.optim.grad_clip)
+      self.critic = ts.init_state(critic_params, self.critic_optimizer)
+    self.checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
+                                     keep=c.train.keep_checkpoints,
+                                     save_every=c.train.checkpoint_every)
+    self.start_step = 0
+    self.bad_steps = 0
+    if c.init_checkpoint:
+      self._load_init(c.init_checkpoint)
+    self._maybe_resume()
+    self.ref_params = self.state.params if self._kl_on() else None
+
+    rl = c.rl.to_dict()
+    max_len = c.rollout.max_new_tokens
+    temperature = max(c.rollout.temperature, 1e-6)
+    self.policy_update = ts.make_update(
+        ts.policy_objective, self.graphdef, self.rest, self.optimizer,
+        micro_batches=c.train.micro_batches, rl=rl, temperature=temperature, max_len=max_len)
+    if self.critic is not None:
+      self.critic_update = ts.make_update(
+          ts.critic_objective, self.critic_graphdef, self.critic_rest, self.critic_optimizer,
+          micro_batches=c.train.micro_batches, rl=rl, max_len=max_len)
+    self.rollout_cfg = rollout_lib.RolloutConfig(
+        max_new_tokens=c.rollout.max_new_tokens, temperature=c.rollout.temperature,
+        top_p=c.rollout.top_p, top_k=c.rollout.top_k, greedy=c.rollout.temperature == 0,
+        stop_ids=tuple(self.tokenizer.stop_ids), prompt_bucket=c.rollout.prompt_bucket,
+        keep_sampling_mask=c.rl.keep_sampling_mask, keep_routing=c.rl.keep_routing,
+        pad_id=self.tokenizer.pad_id)
+    self.eval_cfg = self.rollout_cfg.replace(greedy=c.rollout.eval_temperature == 0,
+                                             temperature=c.rollout.eval_temperature or 1.0,
+                                             keep_sampling_mask=False, keep_routing=False)
+    self.writer = MetricsWriter(workdir)
+
+  def _kl_on(self) -> bool:
+    return bool(self.config.rl.kl_coef or self.config.rl.kl_coef_per_domain)
+
+  # ---------------------------------------------------------------------- Checkpoint
+  def _checkpoint_state(self) -> dict:
+    state = {"policy": self.state, "rest": self.rest}
+    if self.critic is not None:
+      state["critic"] = self.critic
+    return state
+
+  def _maybe_resume(self) -> None:
+    step = self.checkpointer.latest_step()
+    if step is None:
+      return
+    restored, record = self.checkpointer.restore(step, self._checkpoint_state())
+    self.state, self.rest = restored["policy"], restored["rest"]
+    self.critic = restored.get("critic", self.critic)
+    self.start_step, self.bad_steps = record["step"], record["bad_steps"]
+    logging.info("resumed from %s at step %d", self.checkpointer.directory, self.start_step)
+
+  def _load_init(self, directory: str) -> None:
+    """Starts from the policy parameters of an earlier stage's checkpoint (e.g. SFT)."""
+    init = Checkpointer(directory)
+    step = init.latest_step()
+    if step is None:
+      raise FileNotFoundError(f"config.init_checkpoint={directory!r} holds no checkpoint")
+    restored, _ = init.restore(step, {"params": self.state.params})
+    self.state = ts.init_state(restored["params"], self.optimizer)
+    init.close()
+
+  def save(self, step: int, *, force: bool = False) -> None:
+    self.checkpointer.save(step, self._checkpoint_state(),
+                           {"step": step, "bad_steps": self.bad_steps}, force=force)
+
+  # ---------------------------------------------------------------------- Rollout
+  def _rollout(self, step: int, batch_index: int, entries_idx: np.ndarray):
+    c = self.config
+    rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(c.seed), step), batch_index)
+    prompts = [self.train_prompts[i] for i in entries_idx]
+    traj = rollout_lib.generate(self.graphdef, self._policy_state(), prompts, rng,
+                                self.rollout_cfg, num_samples=c.train.samples_per_prompt,
+                                policy_version=step)
+    group_entries = [self.train_entries[entries_idx[g]] for g in np.asarray(traj.group_id)]
+    return traj, group_entries
+
+  def _policy_state(self):
+    """The full model state (parameters + router biases) the rollout engine merges."""
+    return nnx.merge_state(self.state.params, self.rest)
+
+  def collect(self, step: int) -> tuple[Any, dict, dict]:
+    """Rollout + reward with DAPO dynamic sampling: keep groups whose accuracy varies, draw
+    further generation batches until the batch is full, drop the surplus."""
+    c = self.config
+    want = c.train.prompts_per_step
+    kept, kept_rewards, stats = [], [], {"gen_batches": 0, "groups_seen": 0, "groups_kept": 0}
+    t_rollout = t_reward = 0.0
+    while sum(len(np.unique(np.asarray(t.group_id))) for t in kept) < want:
+      if stats["gen_batches"] >= c.rl.max_num_gen_batches:
+        raise RuntimeError(
+            f"dynamic sampling kept {stats['groups_kept']} of the {want} groups a step needs "
+            f"after config.rl.max_num_gen_batches={c.rl.max_num_gen_batches} generation "
+            f"batches ({stats['groups_seen']} groups seen): most groups are all-correct or "
+            "all-wrong. Raise max_num_gen_batches, change the data difficulty, or set "
+            "config.rl.dynamic_sampling=False.")
+      idx = step_prompt_indices(c.seed + stats["gen_batches"], step, want,
+                                len(self.train_prompts))
+      t0 = time.perf_counter()
+      traj, entries = self._rollout(step, stats["gen_batches"], idx)
+      jax.block_until_ready(traj.tokens)
+      t1 = time.perf_counter()
+      rewards = score_trajectories(traj, entries, self.tokenizer, c)
+      t_rollout += t1 - t0
+      t_reward += time.perf_counter() - t1
+      stats["gen_batches"] += 1
+      group = np.asarray(traj.group_id) + 1_000_000 * stats["gen_batches"]
+      traj = traj.replace(group_id=group)
+      groups = np.unique(group)
+      stats["groups_seen"] += len(groups)
+      if c.rl.dynamic_sampling:
+        keep_groups = [g for g in groups if np.std(rewards["acc"][group == g]) > 0]
+      else:
+        keep_groups = list(groups)
+      room = want - sum(len(np.unique(np.asarray(t.group_id))) for t in kept)
+      keep_groups = keep_groups[:room]
+      stats["groups_kept"] += len(keep_groups)
+      rows = np.isin(group, keep_groups)
+      if rows.any():
+        kept.append(jax.tree.map(lambda x: np.asarray(x)[rows], traj))
+        kept_rewards.append({k: v[rows] for k, v in rewards.items()})
+      if not stats.get("first"):
+        stats["first"] = rewards
+    traj = concat_trajectories(kept)
+    rewards = {k: np.concatenate([r[k] for r in kept_rewards]) for k in kept_rewards[0]}
+    first = stats.pop("first")
+    stats.update(t_rollout=t_rollout, t_reward=t_reward, raw_acc=float(first["acc"].mean()),
+                 raw_len_mean=float(first["lengths"].mean()))
+    return traj, rewards, stats
+
+  # ---------------------------------------------------------------------- Advantages
+  def _forward_fn(self, graphdef, rest):
+    c = self.config
+
+    @jax.jit
+    def logprobs(params, tokens, routing, sample_mask):
+      model = nnx.merge(graphdef, params, rest)
+      out = model.forward(tokens, routing=routing)
+      kept = None
+      if sample_mask is not None:
+        kept = unpack_sample_mask(sample_mask[:, 1:], out.logits.shape[-1])
+      logp = masked_logprobs(out.logits[:, :-1], temperature=max(c.rollout.temperature, 1e-6),
+                             kept_mask=kept)
+      logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+      return jnp.pad(logp, ((0, 0), (1, 0)))
+    return logprobs
+
+  def advantages(self, traj, rewards) -> dict[str, np.ndarray]:
+    c = self.config
+    rl = c.rl
+    mask = jnp.asarray(traj.response_mask, jnp.float32)
+    scores = jnp.asarray(rewards["scores"])
+    group = jnp.asarray(traj.group_id)
+    out: dict[str, Any] = {}
+    if rl.estimator in ("grpo", "dr_grpo", "rloo"):
+      if rl.estimator == "rloo":
+        seq_adv = adv_lib.rloo(scores, group)
+      else:
+        seq_adv = adv_lib.grpo(scores, group, normalize_std=rl.estimator == "grpo")
+      out["advantages"] = seq_adv[:, None] * mask
+    else:
+      token_rewards = place_on_last_token(scores, mask)
+      if rl.estimator == "reinforce_pp":
+        out["advantages"] = adv_lib.reinforce_pp(token_rewards, mask, gamma=rl.gamma)
+      else:
+        values = self._values(traj)
+        lam = rl.lam
+        if rl.length_adaptive_alpha:
+          lam = adv_lib.length_adaptive_lambda(jnp.sum(mask, -1), alpha=rl.length_adaptive_alpha)
+        out["advantages"], _ = adv_lib.gae(token_rewards, values, mask, gamma=rl.gamma, lam=lam)
+        _, out["returns"] = adv_lib.gae(token_rewards, values, mask, gamma=rl.gamma,
+                                        lam=rl.lam_critic)
+        out["values"] = values
+    return {k: np.asarray(v, np.float32) for k, v in out.items()}
+
+  def _values(self, traj) -> jax.Array:
+    """Critic value of the state before token t, placed at t (0 where not a response)."""
+    if not hasattr(self, "_values_fn"):
+      graphdef, rest = self.critic_graphdef, self.critic_rest
+
+      @jax.jit
+      def values_fn(params, tokens):
+        v = nnx.merge(graphdef, params, rest).forward(tokens).values
+        return jnp.pad(v[:, :-1], ((0, 0), (1, 0)))
+      self._values_fn = values_fn
+    values = self._values_fn(self.critic.params, jnp.asarray(traj.tokens))
+    return values * jnp.asarray(traj.response_mask, jnp.float32)
+
+  # ---------------------------------------------------------------------- Update
+  def build_batch(self, traj, rewards, advs) -> dict[str, np.ndarray]:
+    c = self.config
+    tokens = np.asarray(traj.tokens)
+    width = tokens.shape[1]
+    total_len = np.asarray(traj.prompt_lens) + np.asarray(traj.response_mask).sum(-1)
+    batch = {
+        "tokens": tokens,
+        "response_mask": np.asarray(traj.response_mask, np.float32),
+        "attention_mask": (np.arange(width)[None, :] < total_len[:, None]).astype(np.float32),
+        "logp_old": np.asarray(traj.logp_old, np.float32),
+        "acc": rewards["acc"],
+        **advs,
+    }
+    if c.rl.overlong_filter:
+      batch["response_mask"] = batch["response_mask"] * (~np.asarray(traj.truncated))[:, None]
+    if c.rl.keep_routing and traj.routing is not None:
+      batch["routing"] = np.asarray(traj.routing)
+    if c.rl.keep_sampling_mask and traj.sample_mask is not None:
+      batch["sample_mask"] = np.asarray(traj.sample_mask)
+    if self._kl_on():
+      if not hasattr(self, "_ref_logprobs"):
+        self._ref_logprobs = self._forward_fn(self.graphdef, self.rest)
+      batch["logp_ref"] = np.asarray(self._ref_logprobs(
+          self.ref_params, jnp.asarray(tokens), batch.get("routing"), batch.get("sample_mask")))
+      beta = c.rl.kl_coef_per_domain.get(c.data.task, c.rl.kl_coef)
+      batch["kl_coef"] = np.full((len(tokens),), beta, np.float32)
+    return batch
+
+  def update(self, step: int, batch: dict) -> dict[str, float]:
+    c = self.config
+    n = len(batch["tokens"])
+    rng = np.random.default_rng([c.seed, step, 7])
+    actor_on = step >= c.rl.critic_warmup_steps or self.critic is None
+    sums: dict[str, float] = {}
+    count = 0
+    for _ in range(c.rl.ppo_epochs):
+      order = rng.permutation(n)
+      for mb in np.array_split(order, c.train.mini_batches):
+        minibatch = {k: jnp.asarray(v[mb]) for k, v in batch.items()}
+        if actor_on:
+          self.state, metrics = self.policy_update(self.state, minibatch)
+        else:
+          metrics = {}
+        if self.critic is not None:
+          self.critic, critic_metrics = self.critic_update(self.critic, minibatch)
+          metrics = {**metrics, **{f"critic/{k}": v for k, v in critic_metrics.items()}}
+        for k, v in jax.device_get(metrics).items():
+          sums[k] = sums.get(k, 0.0) + float(v)
+        count += 1
+    out = {k: v / count for k, v in sums.items()}
+    out["skipped"] = sums.get("skipped", 0.0) + sums.get("critic/skipped", 0.0)
+    return out
+
+  # ---------------------------------------------------------------------- Evaluate
+  def evaluate(self, entries=None, prompts=None) -> float:
+    """Greedy held-out accuracy of the current policy."""
+    entries = entries if entries is not None else self.heldout_entries
+    prompts = prompts if prompts is not None else self.heldout_prompts
+    traj = rollout_lib.generate(self.graphdef, self._policy_state(), prompts,
+                                jax.random.key(0), self.eval_cfg, num_samples=1)
+    rewards = score_trajectories(traj, [entries[g] for g in np.asarray(traj.group_id)],
+                                 self.tokenizer, self.config)
+    return float(rewards["acc"].mean())
+
+  # ---------------------------------------------------------------------- Loop
+  def run(self) -> dict[str, float]:
+    c = self.config
+    last: dict[str, float] = {}
+    t_start = time.perf_counter()
+    for step in range(self.start_step, c.train.steps):
+      t0 = time.perf_counter()
+      traj, rewards, stats = self.collect(step)
+      t1 = time.perf_counter()
+      advs = self.advantages(traj, rewards)
+      batch = self.build_batch(traj, rewards, advs)
+      metrics = self.update(step, batch)
+      if "returns" in advs:  # how much of the return variance the critic explained
+        metrics["explained_variance"] = float(losses.explained_variance(
+            advs["values"], advs["returns"], batch["response_mask"]))
+      t2 = time.perf_counter()
+      if metrics["skipped"]:
+        self.bad_steps += 1
+        if self.bad_steps >= c.train.max_bad_steps:
+          self.save(step, force=True)
+          self.checkpointer.close()
+          raise RuntimeError(
+              f"{self.bad_steps} consecutive steps with non-finite loss or gradients (last at "
+              f"step {step}); state saved to {self.checkpointer.directory}. Lower "
+              "config.optim.lr or check the data.")
+      else:
+        self.bad_steps = 0
+      resp = np.asarray(traj.response_mask)
+      lengths = resp.sum(-1)
+      generated = stats["gen_batches"] * c.train.prompts_per_step * c.train.samples_per_prompt
+      last = {
+          "reward": float(rewards["scores"].mean()), f"acc/{c.data.task}": stats["raw_acc"],
+          "kept_acc": float(rewards["acc"].mean()),
+          "response_len_mean": stats["raw_len_mean"], "response_len_max": float(lengths.max()),
+          "truncation_rate": float(np.asarray(traj.truncated).mean()),
+          "kept_group_fraction": stats["groups_kept"] / max(stats["groups_seen"], 1),
+          "gen_batches": stats["gen_batches"], "bad_steps": self.bad_steps,
+          "time/rollout": stats["t_rollout"], "time/reward": stats["t_reward"],
+          "time/update": t2 - t1, "time/step": t2 - t0,
+          "tokens_per_s": generated * stats["raw_len_mean"] / max(stats["t_rollout"], 1e-9),
+          **metrics,
+      }
+      if c.train.eval_every and (step + 1) % c.train.eval_every == 0:
+        last["heldout_acc"] = self.evaluate()
+      self.writer.write(step + 1, last)
+      if (step + 1) % c.train.log_every == 0:
+        done = step + 1 - self.start_step
+        eta = (time.perf_counter() - t_start) / done * (c.train.steps - step - 1)
+        logging.info("step %d/%d reward %.3f acc %.3f len %.1f tok/s %.0f ETA %.0fs",
+                     step + 1, c.train.steps, last["reward"], last[f"acc/{c.data.task}"],
+                     last["response_len_mean"], last["tokens_per_s"], eta)
+      self.save(step + 1)
+    self.save(c.train.steps, force=True)
+    self.checkpointer.close()
+    self.writer.close()
+    return last
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  return Trainer(config, workdir).run()
