@@ -1,0 +1,285 @@
+"""Prompt records from jsonl / parquet files (and TFDS when installed), and the grain pipeline
+that shuffles, shards, batches and checkpoints them.
+
+A record is a plain dict. Canonical fields, filled in by `normalize_record`:
+
+* `prompt` (str, required, non-empty). When absent, `question` then `problem` is used.
+* `answer` (str, optional). When absent, `solution` then `final_answer` is used; a `solution`
+  is taken verbatim (MATH's worked solutions end in a `\\boxed{}` that the math reward extracts).
+  Integer and float answers (common in parquet columns) become strings; bools are rejected.
+* `data_source` (str): default the file's stem (`gsm8k` for `data/gsm8k.jsonl`).
+* `domain` (str, one of `DOMAINS`): default "math".
+* `tests` (list, optional): test cases of a code prompt.
+* `difficulty` (int or float, optional).
+
+A field that holds None counts as absent. Every other field of the row is kept unchanged (the
+alias fields too), because verifiers read dataset-specific fields (a puzzle's `numbers`, ...).
+
+Bad rows fail early: a line that is not JSON, a row that is not an object, a missing prompt or a
+field of the wrong type raises ValueError naming the file and the 1-based line (row, for parquet),
+unless `skip_bad=True`, which skips the row, counts it in `LoadStats` and logs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import pathlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import grain
+from absl import logging
+
+from rl.data import templates
+
+DOMAINS = ("math", "code", "logic", "general")
+PROMPT_ALIASES = ("prompt", "question", "problem")
+ANSWER_ALIASES = ("answer", "solution", "final_answer")
+TFDS_PREFIX = "tfds:"
+# Skipped rows logged one by one per file; the rest only appear in the counts.
+MAX_LOGGED_BAD_ROWS = 10
+
+
+@dataclasses.dataclass
+class LoadStats:
+  """What `load_records` read: rows kept and skipped, in total and per file."""
+  loaded: int = 0
+  skipped: int = 0
+  loaded_by_file: dict[str, int] = dataclasses.field(default_factory=dict)
+  skipped_by_file: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def _is_absent(row: Mapping[str, Any], key: str) -> bool:
+  return row.get(key) is None
+
+
+def _first_present(row: Mapping[str, Any], keys: Sequence[str]) -> tuple[str, Any] | None:
+  for key in keys:
+    if not _is_absent(row, key):
+      return key, row[key]
+  return None
+
+
+def normalize_record(row: Any, *, default_source: str) -> dict[str, Any]:
+  """The canonical record for one raw row (see the module docstring); ValueError if malformed."""
+  if not isinstance(row, Mapping):
+    raise ValueError(f"a record must be a JSON object, got {type(row).__name__}")
+  record = dict(row)
+  prompt = _first_present(row, PROMPT_ALIASES)
+  if prompt is None:
+    raise ValueError(f"no prompt: none of the fields {', '.join(PROMPT_ALIASES)} is set")
+  key, value = prompt
+  if not isinstance(value, str) or not value.strip():
+    raise ValueError(f"field {key!r} must be a non-empty string, got {value!r:.80}")
+  record["prompt"] = value
+
+  answer = _first_present(row, ANSWER_ALIASES)
+  if answer is None:
+    record.pop("answer", None)
+  else:
+    key, value = answer
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+      raise ValueError(f"field {key!r} must be a string or a number, got {type(value).__name__}")
+    record["answer"] = value if isinstance(value, str) else str(value)
+
+  source = row.get("data_source")
+  if source is None:
+    source = default_source
+  if not isinstance(source, str):
+    raise ValueError(f"field 'data_source' must be a string, got {type(source).__name__}")
+  record["data_source"] = source
+
+  domain = row.get("domain")
+  if domain is None:
+    domain = "math"
+  if domain not in DOMAINS:
+    raise ValueError(f"field 'domain' must be one of {', '.join(DOMAINS)}, got {domain!r:.80}")
+  record["domain"] = domain
+
+  for key, types, expected in (("tests", (list,), "a list"),
+                               ("difficulty", (int, float), "a number")):
+    value = row.get(key)
+    if value is None:
+      record.pop(key, None)
+    elif isinstance(value, bool) or not isinstance(value, types):
+      raise ValueError(f"field {key!r} must be {expected}, got {type(value).__name__}")
+  return record
+
+
+# ----------------------------------------------------------------------------- Readers
+
+def _read_jsonl(path: str) -> Iterator[tuple[int, Any]]:
+  """(1-based line number, parsed row) for every non-blank line; a bad line yields its error."""
+  with open(path, "rb") as f:
+    for line_number, raw_line in enumerate(f, start=1):
+      try:
+        line = raw_line.decode("utf-8")
+      except UnicodeDecodeError as e:
+        yield line_number, ValueError(f"not valid UTF-8 ({e.reason} at byte {e.start})")
+        continue
+      if not line.strip():
+        continue
+      try:
+        yield line_number, json.loads(line)
+      except json.JSONDecodeError as e:
+        yield line_number, ValueError(f"not valid JSON ({e.msg} at column {e.colno})")
+
+
+def _read_parquet(path: str) -> Iterator[tuple[int, Any]]:
+  """(1-based row number, row dict), read one row group at a time to bound memory."""
+  import pyarrow.parquet as pq  # Imported here: only parquet inputs need pyarrow.
+  row_number = 0
+  parquet_file = pq.ParquetFile(path)
+  for group in range(parquet_file.num_row_groups):
+    for row in parquet_file.read_row_group(group).to_pylist():
+      row_number += 1
+      yield row_number, row
+
+
+def _read_tfds(spec: str) -> Iterator[tuple[int, Any]]:
+  """Rows of `tfds:NAME/SPLIT` (SPLIT defaults to train), bytes decoded to str."""
+  try:
+    import tensorflow_datasets as tfds
+  except ImportError as e:
+    raise ImportError(f"{spec}: TFDS inputs need tensorflow-datasets (pip install "
+                      "'seedrl[tfds]'); jsonl and parquet files do not") from e
+  name, _, split = spec[len(TFDS_PREFIX):].partition("/")
+  dataset = tfds.load(name, split=split or "train")
+
+  def decode(value):
+    if isinstance(value, bytes):
+      return value.decode("utf-8")
+    return value.tolist() if hasattr(value, "tolist") else value
+
+  for row_number, row in enumerate(tfds.as_numpy(dataset), start=1):
+    yield row_number, {key: decode(value) for key, value in row.items()}
+
+
+def _expand(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
+  """Files named by `paths`: plain paths, glob patterns (sorted matches) and `tfds:` specs."""
+  if isinstance(paths, (str, os.PathLike)):
+    paths = [paths]
+  files = []
+  for path in map(str, paths):
+    if path.startswith(TFDS_PREFIX):
+      files.append(path)
+    elif glob.has_magic(path):
+      matches = sorted(glob.glob(path))
+      if not matches:
+        raise FileNotFoundError(f"no file matches {path}")
+      files.extend(matches)
+    elif not os.path.isfile(path):
+      raise FileNotFoundError(f"prompt file not found: {path}")
+    else:
+      files.append(path)
+  return files
+
+
+def _rows(path: str) -> tuple[Iterator[tuple[int, Any]], str, str]:
+  """(rows, default data_source, how a row is located in messages) for one input."""
+  if path.startswith(TFDS_PREFIX):
+    return _read_tfds(path), path[len(TFDS_PREFIX):].partition("/")[0], "row"
+  suffix = pathlib.Path(path).suffix.lower()
+  stem = pathlib.Path(path).stem
+  if suffix == ".jsonl":
+    return _read_jsonl(path), stem, "line"
+  if suffix == ".parquet":
+    return _read_parquet(path), stem, "row"
+  raise ValueError(f"{path}: unsupported prompt file type {suffix!r} (use .jsonl or .parquet)")
+
+
+def load_records(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
+                 skip_bad: bool = False) -> tuple[list[dict[str, Any]], LoadStats]:
+  """Reads and normalises every row of `paths`, in order.
+
+  `paths`: file paths (.jsonl, .parquet), glob patterns, or `tfds:NAME/SPLIT`.
+  A malformed row raises ValueError("PATH:LINE: reason") (parquet/TFDS: "PATH row N: reason");
+  with `skip_bad` it is skipped, counted in the returned stats and logged.
+  """
+  records: list[dict[str, Any]] = []
+  stats = LoadStats()
+  for path in _expand(paths):
+    rows, default_source, unit = _rows(path)
+    loaded = skipped = 0
+    for number, row in rows:
+      where = f"{path}:{number}" if unit == "line" else f"{path} row {number}"
+      try:
+        if isinstance(row, ValueError):
+          raise row
+        records.append(normalize_record(row, default_source=default_source))
+        loaded += 1
+      except ValueError as e:
+        if not skip_bad:
+          raise ValueError(f"{where}: {e}") from None
+        skipped += 1
+        if skipped <= MAX_LOGGED_BAD_ROWS:
+          logging.warning("skipping bad prompt record %s: %s", where, e)
+    if skipped:
+      logging.warning("%s: skipped %d bad record(s), kept %d", path, skipped, loaded)
+    stats.loaded += loaded
+    stats.skipped += skipped
+    stats.loaded_by_file[path] = loaded
+    stats.skipped_by_file[path] = skipped
+  return records, stats
+
+
+# ----------------------------------------------------------------------------- Grain pipeline
+
+# The records are in memory: reader threads would only contend for the GIL (grain's advice).
+_READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+
+
+def _prepared(records: Sequence[dict[str, Any]], *, seed: int, shard_index: int,
+              shard_count: int, template: str, tokenizer: Any | None) -> grain.MapDataset:
+  """This shard's records, each with `text` (and `prompt_ids` given a tokenizer), shuffled."""
+  if not 0 <= shard_index < shard_count:
+    raise ValueError(f"shard_index {shard_index} outside 0..{shard_count - 1}")
+  templates.check_template(template, tokenizer)
+  dataset = grain.MapDataset.source(list(records))[shard_index::shard_count]
+  if len(dataset) == 0:
+    raise ValueError(f"shard {shard_index} of {shard_count} is empty: only {len(records)} "
+                     "records")
+
+  def prepare(record: dict[str, Any]) -> dict[str, Any]:
+    prepared = dict(record, text=templates.render(record, template, tokenizer))
+    if tokenizer is not None:
+      prepared["prompt_ids"] = templates.encode(record, template, tokenizer)
+    return prepared
+
+  return dataset.map(prepare).shuffle(seed=seed)
+
+
+def make_prompt_loader(records: Sequence[dict[str, Any]], *, batch_size: int, seed: int,
+                       shard_index: int = 0, shard_count: int = 1, num_epochs: int | None = None,
+                       template: str = "plain", tokenizer: Any | None = None,
+                       drop_remainder: bool = False) -> grain.IterDataset:
+  """Batches (lists of record dicts) of this host's shard, shuffled by `seed`, checkpointable.
+
+  Host `shard_index` of `shard_count` reads records[shard_index::shard_count]: the shards are
+  disjoint and together cover every record (their sizes differ by at most one). Each epoch is a
+  new permutation derived from `seed`; `num_epochs=None` repeats forever, and batches run across
+  epoch boundaries. Each record gains `text` (the prompt under `template`) and, with a
+  tokenizer, `prompt_ids`. `it = iter(loader)`; `it.get_state()` is a small JSON-ready dict, and
+  a fresh iterator given it by `set_state` yields exactly the batches that would have followed.
+  """
+  if batch_size <= 0:
+    raise ValueError(f"batch_size must be positive, got {batch_size}")
+  if num_epochs is not None and num_epochs <= 0:
+    raise ValueError(f"num_epochs must be positive or None, got {num_epochs}")
+  dataset = _prepared(records, seed=seed, shard_index=shard_index, shard_count=shard_count,
+                      template=template, tokenizer=tokenizer)
+  dataset = dataset.repeat(num_epochs).batch(batch_size, drop_remainder=drop_remainder,
+                                             batch_fn=list)
+  return dataset.to_iter_dataset(_READ_OPTIONS)
+
+
+def make_record_stream(records: Sequence[dict[str, Any]], *, seed: int, shard_index: int = 0,
+                       shard_count: int = 1, template: str = "plain",
+                       tokenizer: Any | None = None) -> grain.IterDataset:
+  """An endless, shuffled, checkpointable stream of single records (one domain of a Mixture)."""
+  dataset = _prepared(records, seed=seed, shard_index=shard_index, shard_count=shard_count,
+                      template=template, tokenizer=tokenizer)
+  return dataset.repeat(None).to_iter_dataset(_READ_OPTIONS)

@@ -1,0 +1,197 @@
+"""Curricula (rl/data/curriculum.py): schedules, adaptation, difficulty, mixture, and resume."""
+
+import json
+
+import numpy as np
+import pytest
+
+from rl.data import curriculum, sources
+
+
+def json_round_trip(state):
+  return json.loads(json.dumps(state))
+
+
+# ----------------------------------------------------------------------------- Staged schedule
+
+def data_scaling_schedule():
+  return curriculum.StagedSchedule([
+      (0, {"code": 1.0}),
+      (200, {"code": 1.0, "math": 1.0}),
+      (600, {"code": 2.0, "math": 2.0, "logic": 1.0, "general": 1.0}),
+  ])
+
+
+def test_staged_schedule_boundaries():
+  """Each stage holds from its start step up to (not including) the next stage's start."""
+  schedule = data_scaling_schedule()
+  assert schedule.weights(0) == schedule.weights(199) == {"code": 1.0}
+  assert schedule.weights(200) == schedule.weights(599) == {"code": 0.5, "math": 0.5}
+  assert schedule.weights(600) == schedule.weights(10**6) == {
+      "code": 1 / 3, "math": 1 / 3, "logic": 1 / 6, "general": 1 / 6}
+  assert [schedule.stage_index(s) for s in (0, 199, 200, 599, 600)] == [0, 0, 1, 1, 2]
+
+
+@pytest.mark.parametrize("stages, message", [
+    ([], "at least one stage"),
+    ([(5, {"code": 1.0})], "must start at step 0"),
+    ([(0, {"code": 1.0}), (0, {"math": 1.0})], "not after stage 0"),
+    ([(0, {"code": -1.0, "math": 2.0})], "must be finite and >= 0"),
+    ([(0, {"code": 0.0})], "sum to zero"),
+])
+def test_staged_schedule_rejects_bad_stages(stages, message):
+  """Misordered stages and bad weights fail at construction."""
+  with pytest.raises(ValueError, match=message):
+    curriculum.StagedSchedule(stages)
+
+
+def test_staged_schedule_state_round_trip():
+  """A schedule restored from a checkpoint decides like the one that was saved."""
+  saved = data_scaling_schedule()
+  restored = curriculum.StagedSchedule([(0, {"math": 1.0})])
+  restored.load_state_dict(json_round_trip(saved.state_dict()))
+  assert all(restored.weights(s) == saved.weights(s) for s in range(0, 800, 50))
+
+
+# ----------------------------------------------------------------------------- Online adaptation
+
+def test_adaptation_moves_weight_toward_improving_domain():
+  """A domain whose accuracy rises gains weight over one that is flat at the same level."""
+  adaptation = curriculum.OnlineAdaptation(["math", "code"], floor=0.1)
+  adaptation.update({"math": 0.5, "code": 0.5})
+  assert adaptation.weights() == pytest.approx({"math": 0.5, "code": 0.5})
+  adaptation = curriculum.OnlineAdaptation(["math", "code"], floor=0.1)
+  for accuracy in np.linspace(0.2, 0.5, 16):  # math climbs to where code has sat all along
+    adaptation.update({"math": float(accuracy), "code": 0.5})
+  weights = adaptation.weights()
+  assert adaptation.fast["math"] < adaptation.fast["code"]  # no more learnable than code ...
+  assert weights["math"] > weights["code"] + 0.1  # ... but improving
+  assert sum(weights.values()) == pytest.approx(1.0)
+
+
+def test_adaptation_floor_for_saturated_and_hopeless():
+  """Saturated and hopeless domains fall to exactly the floor; the learnable one gets the rest."""
+  adaptation = curriculum.OnlineAdaptation(["math", "code", "logic"], floor=0.05)
+  for _ in range(5):
+    adaptation.update({"math": 1.0, "code": 0.0, "logic": 0.5})
+  assert adaptation.weights() == pytest.approx({"math": 0.05, "code": 0.05, "logic": 0.9})
+  for _ in range(15):
+    adaptation.update({"logic": 1.0})
+  assert adaptation.weights() == pytest.approx({d: 1 / 3 for d in ("math", "code", "logic")})
+  with pytest.raises(ValueError, match="must be in \\[0, 1\\]"):
+    adaptation.update({"math": 1.5})
+  with pytest.raises(ValueError, match="floor"):
+    curriculum.OnlineAdaptation(["a", "b", "c"], floor=0.4)
+
+
+def test_adaptation_unseen_domain_is_tried():
+  """A domain with no accuracy yet gets the mid-range score, not the floor."""
+  adaptation = curriculum.OnlineAdaptation(["math", "code"], floor=0.05)
+  for _ in range(3):
+    adaptation.update({"math": 0.97})
+  assert adaptation.weights() == pytest.approx({"math": 0.05, "code": 0.95})
+
+
+# ----------------------------------------------------------------------------- Difficulty
+
+def test_difficulty_rises_after_threshold_over_window_and_not_before():
+  """The level rises only once a full window at this level averages >= threshold."""
+  difficulty = curriculum.DifficultyCurriculum({"maze": 3}, threshold=0.8, window=3)
+  assert difficulty.update({"maze": 0.9}) == [] and difficulty.update({"maze": 0.9}) == []
+  assert difficulty.level("maze") == 0  # window not yet full
+  assert difficulty.update({"maze": 0.5}) == []  # mean 0.77 < 0.8
+  assert difficulty.update({"maze": 0.9}) == []  # window 0.9, 0.5, 0.9: still 0.77
+  assert difficulty.update({"maze": 0.9}) == []  # window 0.5, 0.9, 0.9: still 0.77
+  assert difficulty.update({"maze": 0.8}) == ["maze"]  # window 0.9, 0.9, 0.8
+  assert difficulty.level("maze") == 1
+  assert difficulty.update({"maze": 1.0}) == []  # the window restarted at level 1
+  for _ in range(2):
+    difficulty.update({"maze": 1.0})
+  assert difficulty.level("maze") == 2
+  for _ in range(6):
+    difficulty.update({"maze": 1.0})
+  assert difficulty.level("maze") == 2  # the top level
+
+
+def test_difficulty_for_puzzles_uses_task_levels():
+  """for_puzzles reads level counts from the puzzle registry; bad inputs fail."""
+  from rl.rewards import puzzles
+  difficulty = curriculum.DifficultyCurriculum.for_puzzles(["arithmetic", "maze"])
+  assert difficulty.num_levels == {"arithmetic": puzzles.TASKS["arithmetic"].levels,
+                                   "maze": puzzles.TASKS["maze"].levels}
+  with pytest.raises(ValueError, match="must be in \\[0, 1\\]"):
+    difficulty.update({"maze": 80.0})
+  with pytest.raises(ValueError, match="level 99 outside"):
+    curriculum.DifficultyCurriculum({"maze": 3}, start={"maze": 99})
+
+
+# ----------------------------------------------------------------------------- Mixture
+
+def domain_records():
+  rows = ([{"prompt": f"math{i}", "domain": "math"} for i in range(7)]
+          + [{"prompt": f"code{i}", "domain": "code"} for i in range(5)]
+          + [{"prompt": f"logic{i}", "domain": "logic"} for i in range(4)])
+  return [sources.normalize_record(row, default_source="unit") for row in rows]
+
+
+def test_mixture_counts_follow_weights():
+  """Counts sum to the batch, are floor/ceil of batch * w, and average to batch * w."""
+  mixture = curriculum.Mixture.from_records(domain_records(), seed=0)
+  weights = {"math": 0.5, "code": 0.3, "logic": 0.2}
+  batch_size = 7
+  all_counts = np.array([[mixture.counts(step, weights, batch_size)[d]
+                          for d in ("math", "code", "logic")] for step in range(3000)])
+  assert np.all(all_counts.sum(1) == batch_size)
+  exact = np.array([3.5, 2.1, 1.4])
+  assert np.all((all_counts == np.floor(exact)) | (all_counts == np.ceil(exact)))
+  np.testing.assert_allclose(all_counts.mean(0), exact, atol=0.05)
+  assert mixture.counts(5, weights, batch_size) == mixture.counts(5, weights, batch_size)
+
+
+def test_mixture_draws_from_weighted_domains_only():
+  """Records come from the domains with weight; a weighted domain without records fails."""
+  mixture = curriculum.Mixture.from_records(domain_records(), seed=1)
+  batch = mixture.next_batch(0, {"code": 1.0, "math": 0.0}, 5)
+  assert sorted(r["prompt"] for r in batch) == [f"code{i}" for i in range(5)]
+  batch = mixture.next_batch(1, {"math": 0.5, "logic": 0.5}, 4)
+  assert sorted(r["domain"] for r in batch) == ["logic", "logic", "math", "math"]
+  with pytest.raises(ValueError, match="without records: \\['general'\\]"):
+    mixture.next_batch(2, {"general": 1.0}, 4)
+
+
+# ----------------------------------------------------------------------------- Resume
+
+def drive(adaptation, difficulty, mixture, schedule, steps):
+  """Runs a few curriculum steps, returning every decision made."""
+  decisions = []
+  for step in steps:
+    weights = {d: w * schedule.weights(step).get(d, 0.0) for d, w in adaptation.weights().items()}
+    batch = mixture.next_batch(step, weights, 6)
+    decisions.append((weights, [r["prompt"] for r in batch], dict(difficulty.levels)))
+    accuracy = {d: (step * 0.07 + 0.1 * i) % 1.0 for i, d in enumerate(("math", "code", "logic"))}
+    adaptation.update(accuracy)
+    difficulty.update({"maze": accuracy["logic"]})
+  return decisions
+
+
+def make_curricula():
+  return (curriculum.OnlineAdaptation(["math", "code", "logic"]),
+          curriculum.DifficultyCurriculum({"maze": 5}, threshold=0.5, window=2),
+          curriculum.Mixture.from_records(domain_records(), seed=3),
+          curriculum.StagedSchedule([(0, {"code": 1.0, "logic": 1.0}),
+                                     (4, {"code": 1.0, "math": 1.0, "logic": 1.0})]))
+
+
+def test_state_round_trip_gives_identical_decisions():
+  """Curricula restored from JSON state make exactly the decisions the originals go on to make."""
+  original = make_curricula()
+  drive(*original, steps=range(7))
+  states = [json_round_trip(c.state_dict()) for c in original]
+  expected = drive(*original, steps=range(7, 20))
+  restored = make_curricula()
+  for obj, state in zip(restored, states):
+    obj.load_state_dict(state)
+  assert drive(*restored, steps=range(7, 20)) == expected
+  fresh = make_curricula()
+  assert drive(*fresh, steps=range(7, 20)) != expected
+  assert any(levels["maze"] > 0 for _, _, levels in expected)

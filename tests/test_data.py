@@ -1,0 +1,237 @@
+"""Prompt sources, templates and the grain loader (rl/data/sources.py, rl/data/templates.py)."""
+
+import importlib.util
+import json
+import logging
+
+import pytest
+
+from models.tokenizer import ByteTokenizer
+from rl.data import sources, templates
+
+
+def write_jsonl(path, rows):
+  """Rows are dicts (written as JSON), or str / bytes lines written as they are."""
+  lines = [row if isinstance(row, bytes) else
+           (row if isinstance(row, str) else json.dumps(row)).encode() for row in rows]
+  path.write_bytes(b"".join(line + b"\n" for line in lines))
+  return path
+
+
+def make_records(count):
+  return [sources.normalize_record({"prompt": f"p{i}", "answer": str(i)}, default_source="t")
+          for i in range(count)]
+
+
+def prompts_of(batches):
+  return [[record["prompt"] for record in batch] for batch in batches]
+
+
+# ----------------------------------------------------------------------------- Loading
+
+def test_jsonl_fields_defaults_and_extra_fields(tmp_path):
+  """Canonical fields get their defaults, blank lines are ignored, extra fields are kept."""
+  path = write_jsonl(tmp_path / "gsm8k.jsonl", [
+      {"prompt": "1+1?", "answer": "2", "numbers": [1, 1]},
+      "   ",
+      {"prompt": "Write f.", "domain": "code", "tests": ["assert f() == 1"], "difficulty": 3,
+       "data_source": "mbpp"},
+  ])
+  records, stats = sources.load_records(path)
+  assert records == [
+      {"prompt": "1+1?", "answer": "2", "numbers": [1, 1], "data_source": "gsm8k",
+       "domain": "math"},
+      {"prompt": "Write f.", "domain": "code", "tests": ["assert f() == 1"], "difficulty": 3,
+       "data_source": "mbpp"},
+  ]
+  assert (stats.loaded, stats.skipped) == (2, 0)
+
+
+def test_parquet_rows_numbers_and_nulls(tmp_path):
+  """Parquet rows load like jsonl rows: numeric answers become strings, null fields are absent."""
+  pa = pytest.importorskip("pyarrow")
+  pq = pytest.importorskip("pyarrow.parquet")
+  path = tmp_path / "aime.parquet"
+  pq.write_table(pa.table({"problem": ["Find x.", "Find y."], "answer": [42, None],
+                           "difficulty": [None, 2.5]}), path)
+  records, stats = sources.load_records(str(path))
+  assert records == [
+      {"problem": "Find x.", "prompt": "Find x.", "answer": "42", "data_source": "aime",
+       "domain": "math"},
+      {"problem": "Find y.", "prompt": "Find y.", "difficulty": 2.5, "data_source": "aime",
+       "domain": "math"},
+  ]
+  assert stats.loaded_by_file == {str(path): 2}
+
+
+def test_parquet_bad_row_names_row_number(tmp_path):
+  """A bad parquet row is reported by its 1-based row number."""
+  pa = pytest.importorskip("pyarrow")
+  pq = pytest.importorskip("pyarrow.parquet")
+  path = tmp_path / "bad.parquet"
+  pq.write_table(pa.table({"prompt": ["ok", None, "ok"]}), path)
+  with pytest.raises(ValueError, match=r"bad\.parquet row 2: no prompt"):
+    sources.load_records(path)
+
+
+@pytest.mark.parametrize("row, prompt, answer", [
+    ({"question": "Q", "solution": "S"}, "Q", "S"),
+    ({"problem": "P", "final_answer": "F"}, "P", "F"),
+    ({"prompt": "main", "question": "alias", "answer": "A", "solution": "S"}, "main", "A"),
+    ({"question": None, "problem": "P", "answer": None, "final_answer": 7}, "P", "7"),
+])
+def test_aliases(tmp_path, row, prompt, answer):
+  """question/problem stand in for prompt, solution/final_answer for answer, canonical first."""
+  records, _ = sources.load_records(write_jsonl(tmp_path / "a.jsonl", [row]))
+  assert (records[0]["prompt"], records[0]["answer"]) == (prompt, answer)
+
+
+@pytest.mark.parametrize("bad_line, reason", [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "must be a JSON object"),
+    ('{"answer": "2"}', "no prompt"),
+    ('{"prompt": 5}', "'prompt' must be a non-empty string"),
+    ('{"prompt": "  "}', "'prompt' must be a non-empty string"),
+    ('{"prompt": "q", "domain": "poetry"}', "'domain' must be one of"),
+    ('{"prompt": "q", "tests": "assert True"}', "'tests' must be a list"),
+    ('{"prompt": "q", "difficulty": "hard"}', "'difficulty' must be a number"),
+    ('{"prompt": "q", "answer": true}', "'answer' must be a string or a number"),
+    ('{"prompt": "q", "data_source": 3}', "'data_source' must be a string"),
+    (b'{"prompt": "caf\xe9"}', "not valid UTF-8"),
+])
+def test_malformed_record_names_file_and_line(tmp_path, bad_line, reason):
+  """A malformed row raises ValueError naming the file and its 1-based line."""
+  path = write_jsonl(tmp_path / "mixed.jsonl", [{"prompt": "a"}, "", bad_line, {"prompt": "b"}])
+  with pytest.raises(ValueError) as error:
+    sources.load_records(path)
+  assert str(error.value).startswith(f"{path}:3: ")
+  assert reason in str(error.value)
+
+
+def test_skip_bad_counts_and_logs(tmp_path, caplog):
+  """With skip_bad, bad rows are skipped, counted per file and logged with their location."""
+  first = write_jsonl(tmp_path / "first.jsonl", [{"prompt": "a"}, "oops", {"answer": "1"}])
+  second = write_jsonl(tmp_path / "second.jsonl", [{"question": "b"}])
+  with caplog.at_level(logging.WARNING):
+    records, stats = sources.load_records([first, second], skip_bad=True)
+  assert [r["prompt"] for r in records] == ["a", "b"]
+  assert (stats.loaded, stats.skipped) == (2, 2)
+  assert stats.skipped_by_file == {str(first): 2, str(second): 0}
+  assert f"{first}:2" in caplog.text and f"{first}:3" in caplog.text
+
+
+def test_missing_file_glob_and_unknown_type(tmp_path):
+  """Missing paths and unsupported types fail with the path; a glob reads its matches sorted."""
+  with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+    sources.load_records(tmp_path / "nope.jsonl")
+  with pytest.raises(FileNotFoundError, match=r"\*\.jsonl"):
+    sources.load_records(str(tmp_path / "*.jsonl"))
+  (tmp_path / "x.csv").write_text("prompt\nq\n")
+  with pytest.raises(ValueError, match="unsupported prompt file type '.csv'"):
+    sources.load_records(tmp_path / "x.csv")
+  write_jsonl(tmp_path / "b.jsonl", [{"prompt": "from b"}])
+  write_jsonl(tmp_path / "a.jsonl", [{"prompt": "from a"}])
+  records, _ = sources.load_records(str(tmp_path / "*.jsonl"))
+  assert [(r["prompt"], r["data_source"]) for r in records] == [("from a", "a"), ("from b", "b")]
+
+
+def test_tfds_without_the_package_says_how_to_install():
+  """A tfds: input without tensorflow-datasets fails with an install hint."""
+  if importlib.util.find_spec("tensorflow_datasets") is not None:
+    pytest.skip("tensorflow-datasets is installed")
+  with pytest.raises(ImportError, match=r"tfds:gsm8k/train: .*tensorflow-datasets"):
+    sources.load_records("tfds:gsm8k/train")
+
+
+# ----------------------------------------------------------------------------- Templates
+
+def test_templates_render():
+  """Each template wraps the prompt as documented; DAPO's wording is exact."""
+  record = {"prompt": "What is 2+3?"}
+  assert templates.render(record, "plain") == "What is 2+3?"
+  assert templates.render(record, "dapo") == (
+      "Solve the following math problem step by step. The last line of your response should be "
+      "of the form Answer: $Answer (without quotes) where $Answer is the answer to the problem."
+      "\n\nWhat is 2+3?\n\nRemember to put your answer on its own line after \"Answer:\".")
+  think = templates.render(record, "think")
+  assert think.startswith("What is 2+3?") and "<think>" in think and "Answer:" in think
+  chat = templates.render(record, "chat", ByteTokenizer())
+  assert chat == "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_templates_encode_and_errors():
+  """encode adds bos to text templates and uses the chat template for "chat"; bad names fail."""
+  tokenizer = ByteTokenizer()
+  record = {"prompt": "hi"}
+  assert templates.encode(record, "plain", tokenizer) == tokenizer.encode("hi", add_bos=True)
+  assert templates.encode(record, "chat", tokenizer) == tokenizer.apply_chat_template(
+      [{"role": "user", "content": "hi"}])
+  with pytest.raises(ValueError, match="allowed: plain, dapo, think, chat"):
+    templates.render(record, "fancy")
+  with pytest.raises(ValueError, match="needs a tokenizer"):
+    templates.render(record, "chat")
+
+
+# ----------------------------------------------------------------------------- Loader
+
+def test_shuffle_is_deterministic_by_seed_and_covers_each_epoch():
+  """Same seed, same order; another seed, another order; each epoch is a permutation."""
+  records = make_records(12)
+
+  def order(seed):
+    loader = sources.make_prompt_loader(records, batch_size=4, seed=seed, num_epochs=2)
+    return [p for batch in prompts_of(loader) for p in batch]
+
+  first = order(seed=0)
+  assert first == order(seed=0)
+  assert first != order(seed=1)
+  assert sorted(first[:12]) == sorted(first[12:]) == sorted(r["prompt"] for r in records)
+  assert first[:12] != [r["prompt"] for r in records]
+  assert first[:12] != first[12:]
+
+
+def test_iterator_resumes_exactly_mid_epoch():
+  """A fresh iterator given get_state() (through JSON) yields exactly the batches that follow."""
+  records = make_records(10)
+  loader = sources.make_prompt_loader(records, batch_size=3, seed=7)
+  iterator = iter(loader)
+  for _ in range(2):  # 6 of 10 records: mid-epoch
+    next(iterator)
+  state = json.loads(json.dumps(iterator.get_state()))
+  expected = [next(iterator) for _ in range(5)]  # runs into the second epoch
+  resumed = iter(sources.make_prompt_loader(records, batch_size=3, seed=7))
+  resumed.set_state(state)
+  assert [next(resumed) for _ in range(5)] == expected
+  fresh = iter(sources.make_prompt_loader(records, batch_size=3, seed=7))
+  assert next(fresh) != expected[0]
+
+
+def test_shards_are_disjoint_and_cover():
+  """Three hosts' shards share no record and together hold every record once."""
+  records = make_records(11)
+  shards = []
+  for index in range(3):
+    loader = sources.make_prompt_loader(records, batch_size=2, seed=3, shard_index=index,
+                                        shard_count=3, num_epochs=1)
+    shards.append([p for batch in prompts_of(loader) for p in batch])
+  assert [len(s) for s in shards] == [4, 4, 3]
+  everything = [p for shard in shards for p in shard]
+  assert sorted(everything) == sorted(r["prompt"] for r in records)
+  with pytest.raises(ValueError, match="shard_index 3 outside 0..2"):
+    sources.make_prompt_loader(records, batch_size=2, seed=3, shard_index=3, shard_count=3)
+  with pytest.raises(ValueError, match="empty"):
+    sources.make_prompt_loader(records[:1], batch_size=2, seed=3, shard_index=1, shard_count=2)
+
+
+def test_loader_adds_template_text_and_ids():
+  """Loaded records carry the rendered text and, given a tokenizer, its token ids."""
+  tokenizer = ByteTokenizer()
+  records = make_records(2)
+  batch = next(iter(sources.make_prompt_loader(records, batch_size=2, seed=0, template="dapo",
+                                               tokenizer=tokenizer)))
+  for record in batch:
+    assert record["text"] == templates.render(record, "dapo")
+    assert record["prompt_ids"] == tokenizer.encode(record["text"], add_bos=True)
+  assert "text" not in records[0]
+  with pytest.raises(ValueError, match="needs a tokenizer"):
+    sources.make_prompt_loader(records, batch_size=2, seed=0, template="chat")

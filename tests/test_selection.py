@@ -1,0 +1,122 @@
+"""Prompt selection rules (rl/data/selection.py) on data whose right answer is known."""
+
+import json
+
+import pytest
+
+from rl.data import selection
+
+
+def record(i, domain="math", answer=None):
+  row = {"prompt": f"q{i}", "data_source": "unit", "domain": domain}
+  if answer is not None:
+    row["answer"] = answer
+  return row
+
+
+# ----------------------------------------------------------------------------- Rejection sampling
+
+def fake_generate(prompts, n):
+  """Response k to prompt "qi" is "qi:k"; the verifier below accepts even k for even i only."""
+  return [[f"{p['prompt']}:{k % 3}" for k in range(n)] for p in prompts]
+
+
+def even_verifier(entry, response):
+  i = int(entry["prompt"][1:])
+  k = int(response.split(":")[1])
+  return 1.0 if i % 2 == 0 and k % 2 == 0 else 0.0
+
+
+def test_rejection_sample_keeps_verified_unique_responses(tmp_path):
+  """Only verified responses are written, each distinct one once, with prompt metadata."""
+  prompts = [record(i, answer=str(i)) for i in range(4)]
+  out = tmp_path / "sft.jsonl"
+  stats = selection.rejection_sample(prompts, fake_generate, even_verifier, n=4,
+                                     out_path=str(out))
+  # n=4 gives k%3 = 0,1,2,0: correct responses "qi:0" (twice) and "qi:2" for even i.
+  assert stats == {"kept": 4, "total": 16, "prompts": 4, "prompts_with_correct": 2}
+  lines = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [(l["prompt"], l["response"]) for l in lines] == [
+      ("q0", "q0:0"), ("q0", "q0:2"), ("q2", "q2:0"), ("q2", "q2:2")]
+  assert lines[0] == {"prompt": "q0", "response": "q0:0", "data_source": "unit",
+                      "domain": "math", "answer": "0"}
+  assert not (tmp_path / "sft.jsonl.tmp").exists()
+
+
+def test_rejection_sample_batches_agree_and_bad_shapes_fail(tmp_path):
+  """Generating in batches writes the same file; a wrong response count is an error."""
+  prompts = [record(i) for i in range(5)]
+  whole, batched = tmp_path / "whole.jsonl", tmp_path / "batched.jsonl"
+  selection.rejection_sample(prompts, fake_generate, even_verifier, n=3, out_path=str(whole))
+  selection.rejection_sample(prompts, fake_generate, even_verifier, n=3, out_path=str(batched),
+                             batch_size=2)
+  assert whole.read_text() == batched.read_text()
+  with pytest.raises(ValueError, match="2 responses for prompt 0, expected 3"):
+    selection.rejection_sample(prompts, lambda p, n: [["a", "b"]] * len(p), even_verifier,
+                               n=3, out_path=str(tmp_path / "x.jsonl"))
+
+
+# ----------------------------------------------------------------------------- Filters
+
+def test_worst_of_n_drops_only_always_solved():
+  """Prompts solved in every sample are dropped; any failure keeps the prompt."""
+  records = [record(i) for i in range(4)]
+  kept = selection.worst_of_n_filter(records, [[1, 1, 1], [1, 0, 1], [0, 0, 0], [True, True]])
+  assert kept == [records[1], records[2]]
+  with pytest.raises(ValueError, match="0/1 outcomes"):
+    selection.worst_of_n_filter(records[:1], [[0.5, 1]])
+  with pytest.raises(ValueError, match=r"accuracies\[0\] is empty"):
+    selection.worst_of_n_filter(records[:1], [[]])
+  with pytest.raises(ValueError, match="3 entries for 4 records"):
+    selection.worst_of_n_filter(records, [[0]] * 3)
+
+
+def test_low_variance_removal():
+  """Groups with constant rewards are dropped; groups that vary are kept."""
+  records = [record(i) for i in range(4)]
+  rewards = [[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [-1.0, -1.0], [0.1, 0.1 + 1e-3]]
+  assert selection.low_variance_removal(records, rewards) == [records[1], records[3]]
+  # std of the last group is 5e-4: a larger min_std removes it too.
+  assert selection.low_variance_removal(records, rewards, min_std=1e-3) == [records[1]]
+
+
+def test_pre_ppo_select_normalises_per_domain():
+  """The bottom fraction is taken after per-domain z-scoring, not on raw scores."""
+  # Math scores sit around 100, code around 0: raw bottom-10% would be code only.
+  records = [record(i, "math") for i in range(10)] + [record(i, "code") for i in range(10, 20)]
+  scores = [100.0 + (i * 7) % 10 for i in range(10)] + [0.1 * ((i * 3) % 10) for i in range(10)]
+  kept = selection.pre_ppo_select(records, scores, keep_fraction=0.1)
+  lowest_math = min(range(10), key=lambda i: scores[i])
+  lowest_code = min(range(10, 20), key=lambda i: scores[i])
+  assert kept == [records[lowest_math], records[lowest_code]]
+  assert len(selection.pre_ppo_select(records, scores, keep_fraction=0.5)) == 10
+  assert len(selection.pre_ppo_select(records[:3], scores[:3], keep_fraction=0.1)) == 1
+  with pytest.raises(ValueError, match="keep_fraction"):
+    selection.pre_ppo_select(records, scores, keep_fraction=0.0)
+
+
+# ----------------------------------------------------------------------------- Reference audit
+
+def test_reference_audit_flags_confident_disagreement():
+  """Flags only prompts whose consistent majority contradicts the reference."""
+  records = [record(0, answer="5"), record(1, answer="2"), record(2, answer="7"),
+             record(3, answer="1/2"), record(4), record(5, answer="3")]
+  sampled = [
+      ["6", "6", "6", "6", "5"],  # 80% agree on 6, reference 5: flagged
+      ["2.0", " 2", "$2$", "02", "3"],  # 80% agree with the reference after normalising
+      ["1", "2", "3", "4", "1"],  # no consensus
+      ["\\frac{1}{3}", "\\frac{1}{3}", "\\frac13", None, "x"],  # 60% < 80%
+      ["9", "9", "9"],  # no reference answer
+      ["4", "4", "4", None, None],  # unparsed samples count against the share
+  ]
+  assert selection.reference_audit(records, sampled) == [0]
+  assert selection.reference_audit(records, sampled, threshold=0.6) == [0, 3, 5]
+
+
+def test_answer_key_equates_forms_of_one_answer():
+  """Numbers compare by value, words caselessly, LaTeX after the math normalisation."""
+  assert selection.answer_key("2.50") == selection.answer_key("2.5")
+  assert selection.answer_key("1,000") == selection.answer_key("1000")
+  assert selection.answer_key("Yes") == selection.answer_key("yes")
+  assert selection.answer_key("\\dfrac{1}{2}") == selection.answer_key("\\frac{1}{2}")
+  assert selection.answer_key("2") != selection.answer_key("3")
