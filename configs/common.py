@@ -41,7 +41,7 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
       train_size=2000,
       heldout_size=200,
       heldout_seed=10_000,  # a different generator seed: held-out problems never trained on
-      prompt_template="plain",  # "plain": the question as is; "chat": the chat template
+      prompt_template="plain",  # a template of rl/data/templates.py ("chat": the chat template)
   ))
   c.rollout = ml_collections.ConfigDict(dict(
       max_new_tokens=16,
@@ -111,7 +111,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   model_config(c)
   from rl.rewards import puzzles  # deferred: keeps config files importable without rewards
   _allowed("data.task", c.data.task, sorted(puzzles.TASKS))
-  _allowed("data.prompt_template", c.data.prompt_template, ("plain", "chat"))
+  from rl.data import templates
+  _allowed("data.prompt_template", c.data.prompt_template, templates.TEMPLATES)
   _positive(c, "data", "train_size", "heldout_size")
   _positive(c, "rollout", "max_new_tokens", "prompt_bucket")
   if c.rollout.temperature < 0:

@@ -11,7 +11,6 @@ same workdir resumes from the latest checkpoint.
 
 from __future__ import annotations
 
-import logging as pylogging
 import os
 import sys
 
@@ -21,6 +20,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from configs import common  # noqa: E402
+from launch import logs  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:arg]).",
                                           lock_config=True)
@@ -54,15 +54,6 @@ def main(argv):
     pipeline.run_sft_then_rl(config, workdir)
 
 
-def _only_project_info(record) -> bool:
-  """Library INFO chatter (orbax logs every checkpoint operation) is dropped; warnings and
-  errors from anywhere, and this project's progress lines, are kept."""
-  return record.levelno >= pylogging.WARNING or record.pathname.startswith(_ROOT)
-
-
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 if __name__ == "__main__":
-  logging.set_verbosity(logging.INFO)
-  logging.get_absl_handler().addFilter(_only_project_info)
+  logs.setup()
   app.run(main)

@@ -27,6 +27,7 @@ from rl import advantages as adv_lib
 from rl import losses
 from rl import rollout as rollout_lib
 from rl import train_step as ts
+from rl.data import templates
 from rl.checkpoint import Checkpointer
 from rl.rewards import puzzles
 from rl.rewards.shaping import overlong_penalty, place_on_last_token
@@ -62,10 +63,8 @@ class MetricsWriter:
 # ======================================================================== Data
 
 def encode_prompts(entries, tokenizer, template: str) -> list[list[int]]:
-  if template == "chat":
-    return [tokenizer.apply_chat_template([{"role": "user", "content": e["question"]}])
-            for e in entries]
-  return [tokenizer.encode(e["question"], add_bos=True) for e in entries]
+  """Prompt ids of puzzle entries under a template of rl/data/templates.py."""
+  return [templates.encode({"prompt": e["question"]}, template, tokenizer) for e in entries]
 
 
 def step_prompt_indices(seed: int, step: int, batch: int, num_prompts: int) -> np.ndarray:
