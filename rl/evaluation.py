@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from rl import rollout as rollout_lib
-from rl.data import templates
+from rl.data import EVAL_DIR, templates
 from rl.rewards import code as code_reward
 from rl.rewards import math as math_reward
 from rl.rewards import puzzles
@@ -39,8 +39,7 @@ MATH_FILES = {"gsm8k": "gsm8k_test.jsonl", "math500": "math500_test.jsonl",
               "amc23": "amc23_test.jsonl"}
 CODE_DATASETS = ("humaneval",)
 DATASETS = (*MATH_FILES, *CODE_DATASETS, *sorted(puzzles.TASKS))
-DEFAULT_DATA_DIR = os.path.normpath(os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "eval"))
+DEFAULT_DATA_DIR = EVAL_DIR
 
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 CODE_INSTRUCTION = ("Complete the following Python function. Reply with the whole function in "

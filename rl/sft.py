@@ -22,16 +22,19 @@ from configs import common
 from models.tokenizer import load_tokenizer, pad_batch
 from models.transformer import Transformer
 from rl.checkpoint import Checkpointer
-from rl.rewards import puzzles
+from rl.data.entries import encode_prompts, load_entries
 
 
 def sft_examples(entries, tokenizer, template: str) -> list[tuple[list[int], list[int]]]:
-  """(prompt ids, response ids) pairs; the response is the entry's worked solution (or its
-  answer) followed by end-of-sequence."""
-  from rl.trainer import encode_prompts
+  """(prompt ids, response ids) pairs; the response is the entry's `response` (e.g. written by
+  rejection sampling), else its worked `solution`, else its `answer`, then end-of-sequence."""
   prompts = encode_prompts(entries, tokenizer, template)
-  responses = [tokenizer.encode(e.get("solution", e["answer"])) + [tokenizer.eos_id]
-               for e in entries]
+  responses = []
+  for e in entries:
+    target = e.get("response") or e.get("solution") or e.get("answer")
+    if not target:
+      raise ValueError(f"SFT record without response/solution/answer: {str(e)[:120]}")
+    responses.append(tokenizer.encode(target) + [tokenizer.eos_id])
   return list(zip(prompts, responses))
 
 
@@ -58,12 +61,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   common.validate(c)
   s = c.sft
   tokenizer = load_tokenizer(c.tokenizer)
-  entries = puzzles.make(c.data.task, size=c.data.train_size, seed=c.seed,
-                         difficulty=c.data.difficulty)
-  heldout = puzzles.make(c.data.task, size=c.data.heldout_size, seed=c.data.heldout_seed,
-                         difficulty=c.data.difficulty)
-  train_q = {e["question"] for e in entries}
-  heldout = [e for e in heldout if e["question"] not in train_q]
+  entries, heldout = load_entries(c)
   train_ex = sft_examples(entries, tokenizer, c.data.prompt_template)
   eval_ex = sft_examples(heldout, tokenizer, c.data.prompt_template)
   width = max(len(p) + len(r) for p, r in train_ex + eval_ex)

@@ -27,9 +27,9 @@ from rl import advantages as adv_lib
 from rl import losses
 from rl import rollout as rollout_lib
 from rl import train_step as ts
-from rl.data import templates
+from rl.data.entries import encode_prompts, load_entries
 from rl.checkpoint import Checkpointer
-from rl.rewards import puzzles
+from rl.rewards import manager
 from rl.rewards.shaping import overlong_penalty, place_on_last_token
 from rl.sampling import masked_logprobs, unpack_sample_mask
 
@@ -62,11 +62,6 @@ class MetricsWriter:
 
 # ======================================================================== Data
 
-def encode_prompts(entries, tokenizer, template: str) -> list[list[int]]:
-  """Prompt ids of puzzle entries under a template of rl/data/templates.py."""
-  return [templates.encode({"prompt": e["question"]}, template, tokenizer) for e in entries]
-
-
 def step_prompt_indices(seed: int, step: int, batch: int, num_prompts: int) -> np.ndarray:
   """Deterministic in (seed, step): a resumed run draws exactly the prompts it would have."""
   return np.random.default_rng([seed, step]).choice(num_prompts, size=batch, replace=False)
@@ -75,15 +70,13 @@ def step_prompt_indices(seed: int, step: int, batch: int, num_prompts: int) -> n
 # ======================================================================== Reward
 
 def score_trajectories(traj, entries, tokenizer, cfg) -> dict[str, np.ndarray]:
-  """Decodes responses, verifies them (never evaluating model output in this process: the
-  puzzle verifiers parse with an allow-listed AST walk) and shapes the reward."""
+  """Decodes responses, grades them (rl/rewards/manager.py: model output is never evaluated in
+  this process) and shapes the reward."""
   tokens = np.asarray(traj.tokens)
   resp_mask = np.asarray(traj.response_mask).astype(bool)
   lengths = resp_mask.sum(-1)
-  acc = np.zeros(len(tokens), np.float32)
-  for n in range(len(tokens)):
-    text = tokenizer.decode(tokens[n][resp_mask[n]])
-    acc[n] = puzzles.score(entries[n], text)
+  responses = [tokenizer.decode(tokens[n][resp_mask[n]]) for n in range(len(tokens))]
+  acc = manager.score_responses(entries, responses)
   rl = cfg.rl
   scores = 2.0 * acc - 1.0 if rl.reward_mode == "dapo" else acc.copy()
   if rl.overlong_buffer:
@@ -124,12 +117,7 @@ class Trainer:
     self.model_cfg = common.model_config(c)
 
     # -------------------------------------------------------------- Data
-    self.train_entries = puzzles.make(c.data.task, size=c.data.train_size, seed=c.seed,
-                                      difficulty=c.data.difficulty)
-    self.heldout_entries = puzzles.make(c.data.task, size=c.data.heldout_size,
-                                        seed=c.data.heldout_seed, difficulty=c.data.difficulty)
-    train_q = {e["question"] for e in self.train_entries}
-    self.heldout_entries = [e for e in self.heldout_entries if e["question"] not in train_q]
+    self.train_entries, self.heldout_entries = load_entries(c)
     self.train_prompts = encode_prompts(self.train_entries, self.tokenizer,
                                         c.data.prompt_template)
     self.heldout_prompts = encode_prompts(self.heldout_entries, self.tokenizer,

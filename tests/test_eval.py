@@ -242,7 +242,7 @@ def test_cli_reports_bad_paths_and_names(hf_dir, tmp_path):
   and a one-line message naming the culprit."""
   proc = _run_eval(f"--hf_dir={tmp_path / 'nope'}", "--dataset=gsm8k")
   assert proc.returncode == 2 and f"--hf_dir={tmp_path / 'nope'}: no config.json" in proc.stderr
-  proc = _run_eval(f"--hf_dir={hf_dir}", "--dataset=gsm8k,gsm9k")
+  proc = _run_eval(f"--hf_dir={hf_dir}", "--dataset=gsm8k,gsm9k", f"--data_dir={tmp_path}")
   assert proc.returncode == 2 and "unknown dataset 'gsm9k'" in proc.stderr
   proc = _run_eval(f"--hf_dir={hf_dir}", "--dataset=aime24", f"--data_dir={tmp_path / 'x'}")
   assert proc.returncode == 2 and f"--data_dir={tmp_path / 'x'} does not exist" in proc.stderr

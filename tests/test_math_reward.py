@@ -17,15 +17,16 @@ from pathlib import Path
 import pytest
 
 from launch import bench_math_reward
+from rl import data
 from rl.rewards import math as math_reward
 
-EVAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"
+EVAL_DIR = Path(data.EVAL_DIR)
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GSM8K_ROWS = 200
 TIMEOUT_S = 5.0
 
-# The pinned sets live beside the checkout (../shared/data/eval); without them only the
-# data-driven tests are skipped, with this reason shown.
+# The pinned sets live beside the checkout (../shared/data/eval, or $SEEDRL_EVAL_DIR); without
+# them only the data-driven tests are skipped, with this reason shown.
 needs_eval_sets = pytest.mark.skipif(not EVAL_DIR.is_dir(), reason=f"no eval sets at {EVAL_DIR}")
 
 

@@ -15,7 +15,7 @@ import optax
 import pytest
 from flax import nnx
 
-from models import moe, moe_ep
+from models import moe_ep
 from models import sharding as sharding_lib
 from models.transformer import build
 from rl import algorithms
