@@ -36,6 +36,13 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
   c.init_checkpoint = ""  # orbax checkpoint directory of an earlier stage (e.g. SFT)
 
   c.data = ml_collections.ConfigDict(dict(
+      # "puzzles": generated problems of `task`; "files": prompt records (rl/data/sources.py)
+      # from `train_files` / `heldout_files` (comma-separated paths or globs, jsonl/parquet),
+      # graded by domain (math verifier, code sandbox, puzzle verifiers).
+      source="puzzles",
+      train_files="",
+      heldout_files="",
+      skip_bad_records=False,  # True: malformed rows are skipped and counted, not an error
       task="arithmetic",  # a task of rl/rewards/puzzles.py
       difficulty=0,
       train_size=2000,
@@ -110,7 +117,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
   _allowed("job", c.job, JOBS)
   model_config(c)
   from rl.rewards import puzzles  # deferred: keeps config files importable without rewards
+  _allowed("data.source", c.data.source, ("puzzles", "files"))
   _allowed("data.task", c.data.task, sorted(puzzles.TASKS))
+  if c.data.source == "files" and not (c.data.train_files and c.data.heldout_files):
+    raise ValueError("config.data.source='files' needs config.data.train_files and "
+                     "config.data.heldout_files (comma-separated jsonl/parquet paths or globs)")
   from rl.data import templates
   _allowed("data.prompt_template", c.data.prompt_template, templates.TEMPLATES)
   _positive(c, "data", "train_size", "heldout_size")
