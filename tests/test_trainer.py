@@ -179,3 +179,47 @@ def test_killed_run_resumes_to_the_same_result(demo_run, tmp_path):
                jax.tree.map(np.asarray, resumed.state.params))
   a, b = read_metrics(str(tmp_path / "a")), read_metrics(str(tmp_path / "b"))
   assert a[-1]["reward"] == b[-1]["reward"] and a[-1]["loss"] == b[-1]["loss"]
+
+
+SMALL_FLAGS = ("--config.data.difficulty=0", "--config.data.train_size=48",
+               "--config.data.heldout_size=64", "--config.rollout.max_new_tokens=16",
+               "--config.sft.epochs=60", "--config.sft.batch_size=16",
+               "--config.sft.dense_warmup_steps=40", "--config.train.steps=6",
+               "--config.train.prompts_per_step=4", "--config.train.samples_per_prompt=4",
+               "--config.train.eval_every=0", "--config.train.checkpoint_every=1")
+
+
+def _launch(workdir):
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return subprocess.Popen([sys.executable, os.path.join(root, "launch", "train.py"),
+                           "--config=" + os.path.join(root, "configs", "demo.py"),
+                           f"--workdir={workdir}", *SMALL_FLAGS],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@pytest.mark.slow
+def test_sigkilled_demo_resumes_to_the_same_final_metrics(tmp_path):
+  """The README's main command, SIGKILLed mid-RL and rerun, ends where an uninterrupted run
+  ends (same final reward, loss and held-out accuracy)."""
+  import signal
+  import time
+  straight = tmp_path / "straight"
+  assert _launch(straight).wait(timeout=900) == 0
+  killed = tmp_path / "killed"
+  proc = _launch(killed)
+  deadline = time.time() + 900
+  while not (killed / "rl" / "checkpoints" / "3").exists():
+    assert proc.poll() is None and time.time() < deadline, "run ended before step 3"
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert not (killed / "results.json").exists()
+  assert _launch(killed).wait(timeout=900) == 0
+  final = [read_metrics(str(d / "rl"))[-1] for d in (straight, killed)]
+  assert final[0]["step"] == final[1]["step"] == 6
+  for key in ("reward", "loss", "grad_norm", "acc/arithmetic"):
+    assert final[0][key] == final[1][key], key
+  results = [json.load(open(d / "results.json")) for d in (straight, killed)]
+  assert results[0]["rl_heldout_acc"] == results[1]["rl_heldout_acc"]
