@@ -8,6 +8,7 @@ an error. `validate(config)` runs at start-up and names the bad field and the al
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import ml_collections
 
@@ -34,6 +35,19 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
   c.model = model_section(preset, **model_overrides)
   c.tokenizer = "byte"
   c.init_checkpoint = ""  # orbax checkpoint directory of an earlier stage (e.g. SFT)
+  # Local Hugging Face checkpoint directory (config.json + safetensors) the policy starts from;
+  # "" = random init. Its config.json must describe the same shapes as config.model.
+  c.init_hf_dir = ""
+  # DSA kernels (kernels/__init__.py): "auto" (by platform), "reference", "interpret", "gpu", "tpu".
+  c.kernel_backend = "auto"
+  # Device mesh (models/sharding.py): in-slice size of every axis, one of which may be -1 (the
+  # devices left over; the default puts them all on "data"), and across-slice (DCN) factors
+  # for multi-slice TPU pods or multi-host GPU clusters. The run uses
+  # sharding.mesh_from_config(dict(config.mesh.shape, dcn=config.mesh.dcn)).
+  c.mesh = ml_collections.ConfigDict(dict(
+      shape=dict(data=-1, fsdp=1, expert=1, sequence=1, tensor=1),
+      dcn=dict(data=1, fsdp=1, expert=1, sequence=1, tensor=1),
+  ))
 
   c.data = ml_collections.ConfigDict(dict(
       # "puzzles": generated problems of `task`; "files": prompt records (rl/data/sources.py)
@@ -57,6 +71,8 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
       top_k=0,
       prompt_bucket=16,
       eval_temperature=0.0,  # greedy evaluation
+      # Streaming rollouts (rl/streaming.py): partial generations carry over between steps.
+      streaming=dict(enabled=False, on_policy_fraction=0.5, max_staleness=1, round_tokens=64),
   ))
   c.rl = ml_collections.ConfigDict(algorithms.recipe(algorithm))
   c.optim = ml_collections.ConfigDict(dict(
@@ -148,3 +164,82 @@ def validate(c: ml_collections.ConfigDict) -> None:
         f"(prompts_per_step x samples_per_prompt)")
   if c.tokenizer not in TOKENIZERS_BUILTIN and not c.tokenizer:
     raise ValueError("config.tokenizer: must be 'byte' or a checkpoint directory")
+  from kernels import BACKENDS
+  _allowed("kernel_backend", c.kernel_backend, BACKENDS)
+  _check_mesh(c)
+  from rl.streaming import StreamingConfig
+  s = c.rollout.streaming
+  try:
+    StreamingConfig(on_policy_fraction=s.on_policy_fraction, max_staleness=s.max_staleness,
+                    round_tokens=s.round_tokens)
+  except ValueError as e:
+    raise ValueError(str(e).replace("StreamingConfig.", "config.rollout.streaming.")) from None
+  _check_hf_dir(c)
+
+
+def _check_mesh(c: ml_collections.ConfigDict) -> None:
+  from models.sharding import MESH_AXES
+  for table in ("shape", "dcn"):
+    sizes = c.mesh[table]
+    unknown = sorted(set(sizes) - set(MESH_AXES))
+    if unknown:
+      raise ValueError(f"config.mesh.{table}: unknown axes {unknown}; allowed: {list(MESH_AXES)}")
+    for axis, size in sizes.items():
+      if size < 1 and not (table == "shape" and size == -1):
+        allowed = "positive or -1 (the devices left over)" if table == "shape" else ">= 1"
+        raise ValueError(f"config.mesh.{table}.{axis}={size}: must be {allowed}")
+  if list(c.mesh.shape.values()).count(-1) > 1:
+    raise ValueError(f"config.mesh.shape={c.mesh.shape.to_dict()}: at most one axis may be -1")
+
+
+# Fields a checkpoint's config.json fixes; the rest (dtypes, context length, init, dispatch) a
+# config may choose freely.
+_HF_FREE_FIELDS = ("dtype", "param_dtype", "init_std", "max_seq_len", "moe_dispatch",
+                   "router_aux_loss_coef", "head")
+
+
+def _check_hf_dir(c: ml_collections.ConfigDict) -> None:
+  """When config.init_hf_dir is present on this machine, its shapes must match config.model."""
+  if not c.init_hf_dir or not os.path.exists(os.path.join(c.init_hf_dir, "config.json")):
+    return
+  from models import hf
+
+  def explicit(cfg: ModelConfig) -> dict:  # GQA's 0 = "derived" defaults spelled out
+    if cfg.attention == "gqa":
+      cfg = cfg.replace(head_dim=cfg.gqa_head_dim, n_kv_heads=cfg.kv_heads)
+    return cfg.to_dict()
+  theirs = explicit(hf.config_from_hf(hf.read_hf_config(c.init_hf_dir)))
+  ours = explicit(model_config(c))
+  for field, value in ours.items():
+    if field not in _HF_FREE_FIELDS and theirs[field] != value:
+      raise ValueError(f"config.model.{field}={value!r} but {c.init_hf_dir}/config.json "
+                       f"(config.init_hf_dir) gives {theirs[field]!r}")
+
+
+def build_policy(c: ml_collections.ConfigDict):
+  """The policy of a run: loaded from config.init_hf_dir (its shapes were checked against
+  config.model by validate) or freshly initialised from config.model."""
+  from flax import nnx
+
+  from models.transformer import Transformer
+  cfg = model_config(c)
+  if c.init_hf_dir:
+    from models import hf
+    return hf.load_pretrained(c.init_hf_dir, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                              max_seq_len=cfg.max_seq_len)
+  return Transformer(cfg, rngs=nnx.Rngs(params=c.seed))
+
+
+def check_single_device_run(c: ml_collections.ConfigDict) -> None:
+  """The trainer and SFT of this version run the policy on one device (the sharded update,
+  expert parallelism and streaming rollouts exist as library pieces, tested on their own, and
+  `--dry_run` plans the mesh). Settings they would otherwise ignore are refused here."""
+  sizes = {k: v for k, v in c.mesh.shape.to_dict().items() if v not in (1, -1)}
+  dcn = {k: v for k, v in c.mesh.dcn.to_dict().items() if v != 1}
+  if sizes or dcn:
+    raise ValueError(f"config.mesh={sizes or dcn}: the trainer does not shard the policy yet; "
+                     "use --dry_run to plan this mesh, or leave config.mesh at its default")
+  if c.rollout.streaming.enabled:
+    raise ValueError("config.rollout.streaming.enabled=True: the trainer does not run "
+                     "streaming rollouts yet (rl/streaming.py is a tested library piece)")
+

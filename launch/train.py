@@ -2,11 +2,15 @@
 
   python launch/train.py --config=configs/demo.py --workdir=/tmp/seedrl_demo
   python launch/train.py --config=configs/demo.py:vapo --config.train.steps=20
+  python launch/train.py --config=configs/deepseek_v32_moe_tpu.py --dry_run
 
 The config file's `get_config(arg)` builds the run; `--config.a.b=v` overrides any field (an
 unknown field is an error). The config is validated before anything is built, and a bad value
 is reported with its field name and the allowed values. Rerunning the same command with the
-same workdir resumes from the latest checkpoint.
+same workdir resumes from the latest checkpoint. `--dry_run` builds the mesh, model and optimiser
+abstractly, prints parameter counts and per-device memory (launch/dry_run.py) and exits. On
+several hosts every process runs this same command; they join one JAX runtime from the
+launcher's environment (rl/distributed.py) before any device is touched.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (checkpoints, metrics). "
                                "Default: ./workdir/<config name>.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print parameter counts and per-device memory of "
+                             "the config's mesh, model and optimiser (built abstractly), then "
+                             "exit without training.")
 
 
 def main(argv):
@@ -40,6 +47,12 @@ def main(argv):
     logging.error("invalid config: %s", e)
     print(f"invalid config: {e}", file=sys.stderr)
     sys.exit(2)
+  if _DRY_RUN.value:
+    from launch import dry_run
+    print("\n".join(dry_run.format_report(dry_run.report(config))))
+    return
+  from rl import distributed
+  distributed.initialize_from_env()
   workdir = _WORKDIR.value or os.path.join(
       "workdir", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
   logging.info("workdir: %s", os.path.abspath(workdir))

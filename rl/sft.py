@@ -20,7 +20,6 @@ from flax import nnx
 
 from configs import common
 from models.tokenizer import load_tokenizer, pad_batch
-from models.transformer import Transformer
 from rl.checkpoint import Checkpointer
 from rl.data.entries import encode_prompts, load_entries
 
@@ -67,7 +66,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   width = max(len(p) + len(r) for p, r in train_ex + eval_ex)
   width = -(-width // 8) * 8
 
-  model = Transformer(common.model_config(c), rngs=nnx.Rngs(params=c.seed))
+  common.check_single_device_run(c)
+  model = common.build_policy(c)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   steps_per_epoch = max(len(train_ex) // s.batch_size, 1)
   total = s.epochs * steps_per_epoch

@@ -124,7 +124,8 @@ class Trainer:
                                           c.data.prompt_template)
 
     # -------------------------------------------------------------- Model and optimiser
-    policy = Transformer(self.model_cfg, rngs=nnx.Rngs(params=c.seed))
+    common.check_single_device_run(c)
+    policy = common.build_policy(c)
     self.graphdef, params, self.rest = nnx.split(policy, nnx.Param, ...)
     self.optimizer = ts.make_optimizer(lr=c.optim.lr, warmup_steps=c.optim.warmup_steps,
                                        weight_decay=c.optim.weight_decay,

@@ -50,6 +50,10 @@ def test_demo_variants(variant):
     ("rollout.top_p", 1.5, r"config.rollout.top_p=1.5"),
     ("train.micro_batches", 7, r"config.train.mini_batches=1 x micro_batches=7"),
     ("job", "pretrain", r"config.job='pretrain'"),
+    ("mesh.shape.fsdp", 0, r"config.mesh.shape.fsdp=0: must be positive or -1"),
+    ("mesh.dcn.data", -1, r"config.mesh.dcn.data=-1: must be >= 1"),
+    ("kernel_backend", "cuda", r"config.kernel_backend='cuda': must be one of"),
+    ("rollout.streaming.max_staleness", -1, r"config.rollout.streaming.max_staleness=-1"),
 ])
 def test_bad_values_name_the_field(field, value, message):
   """validate() rejects a bad value with a message naming the field and what is allowed."""
@@ -72,3 +76,49 @@ def test_launcher_reports_bad_config_and_typos():
   typo = subprocess.run(cmd + ["--config.rl.clip_hihg=0.3"], capture_output=True, text=True,
                         timeout=120)
   assert typo.returncode != 0 and "clip_hihg" in typo.stderr
+
+
+def test_mesh_allows_one_open_axis():
+  """At most one mesh axis may take the devices left over (-1)."""
+  config = load(os.path.join(ROOT, "configs", "demo.py"))
+  config.mesh.shape.fsdp = -1
+  with pytest.raises(ValueError, match=r"config.mesh.shape=.*at most one axis may be -1"):
+    common.validate(config)
+
+
+def test_init_hf_dir_shapes_must_match_the_model(tmp_path):
+  """A present config.init_hf_dir whose config.json describes other shapes than config.model
+  fails validation naming the field; a matching one (dtypes and context length free) passes."""
+  import json
+  from models import hf
+  config = common.base_config(preset="qwen2.5-1.5b", algorithm="grpo", param_dtype="float32")
+  config.init_hf_dir = str(tmp_path)
+  hf_config = hf.config_to_hf(common.model_config(config).replace(param_dtype="bfloat16",
+                                                                  max_seq_len=4096))
+  (tmp_path / "config.json").write_text(json.dumps(hf_config))
+  common.validate(config)
+  (tmp_path / "config.json").write_text(json.dumps(dict(hf_config, num_hidden_layers=30)))
+  with pytest.raises(ValueError, match=r"config.model.n_layers=28 but .*config.json "
+                                       r"\(config.init_hf_dir\) gives 30"):
+    common.validate(config)
+
+
+def test_init_hf_dir_starts_the_policy_from_the_checkpoint(tmp_path):
+  """config.init_hf_dir loads the HF checkpoint (same logits as the saved model), not a random
+  init; settings the single-device trainer would ignore are refused, naming the field."""
+  import jax
+  import numpy as np
+
+  from models import hf
+  from models.transformer import build
+  saved = build("tiny_dense", seed=3, dtype="float32", param_dtype="float32")
+  hf.save_pretrained(saved, str(tmp_path))
+  config = common.base_config(preset="tiny_dense", algorithm="grpo", dtype="float32",
+                              param_dtype="float32")
+  config.init_hf_dir = str(tmp_path)
+  common.validate(config)
+  tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 264)
+  np.testing.assert_allclose(common.build_policy(config)(tokens), saved(tokens), atol=1e-5)
+  config.mesh.shape.fsdp = 8
+  with pytest.raises(ValueError, match="config.mesh"):
+    common.check_single_device_run(config)

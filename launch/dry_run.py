@@ -1,0 +1,398 @@
+"""Dry run of a training config: the mesh, the policy and its optimiser built abstractly (nothing
+is allocated), parameter counts and the memory each device would hold.
+
+  python launch/train.py --config=configs/deepseek_v32_moe_tpu.py --dry_run
+
+`report(config)` returns the numbers as a dict and `format_report` the printed lines. The mesh
+is `config.mesh`; when it needs more devices than this machine has (a 256-chip TPU slice checked
+on a laptop) it is a `jax.sharding.AbstractMesh` and every per-device size comes from the array's
+partition spec under the logical-axis rules of models/sharding.py. When the mesh fits on the local
+devices, the policy update (rl/train_step.py) is also compiled for it and XLA's memory analysis is
+reported; otherwise the activation memory is an analytic estimate, labelled as such (see
+`activation_bytes_per_token`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
+
+from configs import common
+from models import cache as cache_lib
+from models import sharding as sharding_lib
+from models.config import ModelConfig, get_config
+from models.transformer import Transformer
+from rl import train_step as ts
+
+GiB = 2**30
+# Prompt tokens assumed in front of every response when sizing the train step's sequences (at
+# most what the model's context leaves next to config.rollout.max_new_tokens).
+DEFAULT_PROMPT_LEN = 1024
+
+
+class _ShapeOnlyRngs:
+  """Stands in for nnx.Rngs where only shapes matter. nnx.Rngs bumps a counter Variable per
+  draw, and inside a trace each bump formats an error message that walks the whole trace (jax
+  0.10): quadratic, ~20 s for the 61-layer 671B model. One fixed key gives the same shapes."""
+
+  def params(self) -> jax.Array:
+    return jax.random.key(0)
+
+
+def abstract_model(cfg: ModelConfig):
+  """(graphdef, params, rest) of `Transformer(cfg)` holding jax.ShapeDtypeStructs."""
+  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=_ShapeOnlyRngs()))
+  return nnx.split(model, nnx.Param, ...)
+
+
+def mesh_for(config: ml_collections.ConfigDict) -> tuple[Any, bool]:
+  """(mesh, concrete): a real Mesh over the first local devices when config.mesh fits on them,
+  else an AbstractMesh of the same axis sizes. A -1 size takes the local devices left over."""
+  ici = {a: int(config.mesh.shape.get(a, 1)) for a in sharding_lib.MESH_AXES}
+  dcn = {a: int(config.mesh.dcn.get(a, 1)) for a in sharding_lib.MESH_AXES}
+  n_local = jax.device_count()
+  if -1 in ici.values():
+    known = math.prod(s for s in ici.values() if s != -1) * math.prod(dcn.values())
+    if n_local % known:
+      raise ValueError(f"config.mesh: {n_local} local devices do not split into the fixed axes "
+                       f"({known} devices); give every axis a size to size a bigger mesh")
+    ici = {a: n_local // known if s == -1 else s for a, s in ici.items()}
+  total = math.prod(ici.values()) * math.prod(dcn.values())
+  if total <= n_local:
+    return sharding_lib.mesh_from_config(dict(ici, dcn=dcn), jax.devices()[:total]), True
+  sizes = tuple(ici[a] * dcn[a] for a in sharding_lib.MESH_AXES)
+  return AbstractMesh(sizes, sharding_lib.MESH_AXES,
+                      axis_types=(AxisType.Auto,) * len(sizes)), False
+
+
+def tree_bytes(tree, shardings=None) -> int:
+  """Bytes of a tree of arrays / ShapeDtypeStructs: in total, or per device of `shardings`."""
+  leaves = jax.tree.leaves(tree)
+  specs = jax.tree.leaves(shardings) if shardings is not None else [None] * len(leaves)
+  total = 0
+  for leaf, sharding in zip(leaves, specs, strict=True):
+    shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
+    total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
+  return total
+
+
+def mirror_shardings(tree, params, param_shardings, mesh):
+  """Shardings for an optimiser state: subtrees shaped like `params` (Adam's moments) take the
+  parameters' shardings, everything else (step counts) is replicated."""
+  params_def = jax.tree.structure(params)
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  def is_param_tree(x) -> bool:
+    return jax.tree.structure(x) == params_def
+
+  def one(sub):
+    if is_param_tree(sub):
+      return param_shardings
+    return jax.tree.map(lambda _: replicated, sub)
+  return jax.tree.map(one, tree, is_leaf=is_param_tree)
+
+
+def micro_batch_rows(config) -> int:
+  c = config.train
+  return c.prompts_per_step * c.samples_per_prompt // (c.mini_batches * c.micro_batches)
+
+
+def batch_spec(config, cfg: ModelConfig, rows: int, length: int) -> dict[str, jax.ShapeDtypeStruct]:
+  """The policy update's mini-batch fields (rl/trainer.py `build_batch`) for `rows` sequences."""
+  f32, bt = jnp.float32, (rows, length)
+  batch = {"tokens": jax.ShapeDtypeStruct(bt, jnp.int32),
+           "response_mask": jax.ShapeDtypeStruct(bt, f32),
+           "attention_mask": jax.ShapeDtypeStruct(bt, f32),
+           "logp_old": jax.ShapeDtypeStruct(bt, f32),
+           "advantages": jax.ShapeDtypeStruct(bt, f32),
+           "acc": jax.ShapeDtypeStruct((rows,), f32)}
+  rl = config.rl
+  if rl.keep_routing and cfg.is_moe:
+    batch["routing"] = jax.ShapeDtypeStruct((*bt, cfg.n_moe_layers, cfg.n_experts_per_tok),
+                                            jnp.int32)
+  if rl.keep_sampling_mask:
+    batch["sample_mask"] = jax.ShapeDtypeStruct((*bt, -(-cfg.vocab_size // 8)), jnp.uint8)
+  if rl.kl_coef or rl.kl_coef_per_domain:
+    batch["logp_ref"] = jax.ShapeDtypeStruct(bt, f32)
+    batch["kl_coef"] = jax.ShapeDtypeStruct((rows,), f32)
+  return batch
+
+
+def activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1,
+                               kernel_backend: str = "tpu") -> float:
+  """Analytic bytes one token keeps alive for the backward pass of the policy loss (no
+  rematerialisation; +-2x: XLA fusion decides what is really saved).
+
+  Per layer: ~6 d-wide residual / norm tensors; the attention projections (q, k, v, output,
+  MLA latents); the attention logits and probabilities in fp32 plus a compute-dtype copy over
+  every key (dense attention materialises [heads, T, T]) or over the top-k keys under DSA (none
+  with the compiled TPU / GPU kernels, which keep a log-sum-exp); the feed-forward's gate, up and
+  product (k routed + shared experts for MoE, plus the dispatched token copies). Then the fp32
+  logits, log-probs, probabilities and logit gradients of the vocabulary. Head-, mlp- and
+  vocab-wide terms are divided by the "tensor" axis size. On XLA:CPU the compiled temporaries
+  of small dense models come out ~1.5x this.
+  """
+  b = jnp.dtype(cfg.dtype).itemsize
+  d, h = cfg.d_model, cfg.n_heads
+  if cfg.attention == "gqa":
+    dh = cfg.gqa_head_dim
+    proj = (2 * h + 2 * cfg.kv_heads) * dh * b / tensor
+    keys = length
+  else:
+    latent = cfg.q_lora_rank + cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    if cfg.dsa:  # absorbed MLA over the indexer's top-k
+      wide = h * (cfg.qk_head_dim + (cfg.kv_lora_rank + cfg.qk_rope_head_dim) + cfg.kv_lora_rank
+                  + cfg.v_head_dim)
+      keys = cfg.index_topk if kernel_backend in ("reference", "interpret") else 0
+      if keys:  # the reference gathers the top-k latents of every query
+        wide += keys * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+    else:
+      wide = h * (2 * cfg.qk_head_dim + 2 * cfg.v_head_dim)
+      keys = length
+    proj = latent * b + wide * b / tensor
+  scores = (8 + b) * h * keys / tensor + (4 * h + 4 * cfg.index_topk if cfg.dsa else 0)
+  per_layer_common = 6 * d * b + proj + scores
+  dense_ffn = 3 * cfg.mlp_dim * b / tensor
+  total = 0.0
+  for layer in range(cfg.n_layers):
+    if cfg.is_moe_layer(layer):
+      experts = cfg.n_experts_per_tok + cfg.n_shared_experts
+      ffn = (3 * experts * cfg.moe_mlp_dim * b / tensor + 2 * cfg.n_experts_per_tok * d * b
+             + 4 * cfg.n_experts)
+    else:
+      ffn = dense_ffn
+    total += per_layer_common + ffn
+  return total + 16 * cfg.vocab_size / tensor
+
+
+def _replicated_params(params, shardings, mesh, min_bytes: int = 1 << 20) -> list:
+  if mesh.size == 1:
+    return []
+  found: dict[str, int] = {}
+  for (path, var), (_, sharding) in zip(params.flat_state(), shardings.flat_state()):
+    value = var.get_value() if isinstance(var, nnx.Variable) else var
+    nbytes = tree_bytes(value)
+    if nbytes >= min_bytes and sharding.is_fully_replicated:
+      name = "/".join("*" if isinstance(k, int) else str(k) for k in path)
+      found[name] = found.get(name, 0) + nbytes
+  return sorted(found.items(), key=lambda item: -item[1])
+
+
+def _axis_factor(spec: PartitionSpec, mesh) -> int:
+  sizes = dict(mesh.shape)
+  factor = 1
+  for entry in spec:
+    for axis in (entry if isinstance(entry, tuple) else (entry,)):
+      if axis is not None:
+        factor *= sizes[axis]
+  return factor
+
+
+def _critic_bytes(cfg: ModelConfig, optimizer, mesh) -> int:
+  """Per-device parameters, AdamW state and gradients (x2) of the critic (a scalar head on the
+  policy's trunk, as rl/trainer.py builds it)."""
+  _, params, _ = abstract_model(cfg.replace(head="scalar", tie_embeddings=False))
+  shardings = sharding_lib.state_shardings(params, mesh)
+  opt_state = jax.eval_shape(optimizer.init, params)
+  return (3 * tree_bytes(params, shardings)
+          + tree_bytes(opt_state, mirror_shardings(opt_state, params, shardings, mesh)))
+
+
+def _compiled_memory(config, mesh, graphdef, params, rest, param_shardings, optimizer, opt_state,
+                     opt_shardings, batch, batch_shardings) -> dict[str, int]:
+  """XLA's memory analysis of the policy update compiled for `mesh` (per device)."""
+  replicated = NamedSharding(mesh, PartitionSpec())
+  # Buffers outside nnx.Param (e.g. the router's bias) are small; the update closes over them.
+  rest_values = jax.tree.map(lambda s: jax.device_put(jnp.zeros(s.shape, s.dtype), replicated),
+                             rest)
+  state = ts.TrainState(params, opt_state, jax.ShapeDtypeStruct((), jnp.int32))
+  state_shardings = ts.TrainState(param_shardings, opt_shardings, replicated)
+  update = ts.make_update(
+      ts.policy_objective, graphdef, rest_values, optimizer,
+      micro_batches=config.train.micro_batches, rl=config.rl.to_dict(),
+      state_sharding=state_shardings, batch_sharding=batch_shardings,
+      temperature=max(config.rollout.temperature, 1e-6), max_len=config.rollout.max_new_tokens)
+  full_batch = {k: jax.ShapeDtypeStruct((v.shape[0] * config.train.micro_batches, *v.shape[1:]),
+                                        v.dtype) for k, v in batch.items()}
+  with jax.set_mesh(mesh):
+    analysis = update.lower(state, full_batch).compile().memory_analysis()
+  fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+            "temp_size_in_bytes")
+  out = {f.replace("_size_in_bytes", ""): int(getattr(analysis, f)) for f in fields}
+  out["peak"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
+  return out
+
+
+def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
+           compile_step: bool | None = None) -> dict[str, Any]:
+  """Sizes of one RL policy update under `config` (see the module docstring).
+
+  `compile_step`: None compiles the update when the mesh fits on the local devices; False
+  never compiles (analytic estimate only); True requires it.
+  """
+  common.validate(config)
+  cfg = common.model_config(config)
+  mesh, concrete = mesh_for(config)
+  if compile_step and not concrete:
+    raise ValueError(f"cannot compile: the mesh needs {mesh.size} devices, "
+                     f"{jax.device_count()} here")
+  graphdef, params, rest = abstract_model(cfg)
+  param_shardings = sharding_lib.state_shardings(params, mesh)
+  optimizer = ts.make_optimizer(lr=config.optim.lr, warmup_steps=config.optim.warmup_steps,
+                                weight_decay=config.optim.weight_decay,
+                                grad_clip=config.optim.grad_clip, b1=config.optim.b1,
+                                b2=config.optim.b2)
+  opt_state = jax.eval_shape(optimizer.init, params)
+  opt_shardings = mirror_shardings(opt_state, params, param_shardings, mesh)
+
+  total_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+  inactive = 0
+  if cfg.is_moe:
+    inactive = cfg.n_moe_layers * (cfg.n_experts - cfg.n_experts_per_tok) * 3 * cfg.d_model * (
+        cfg.moe_mlp_dim)
+  param_bytes = tree_bytes(params, param_shardings)
+  replicated = _replicated_params(params, param_shardings, mesh)
+  out: dict[str, Any] = {
+      "model": config.model.preset + ("" if cfg == get_config(config.model.preset)
+                                      else " (fields overridden)"),
+      "algorithm": config.rl.algorithm,
+      "mesh_shape": dict(mesh.shape),
+      "devices": int(mesh.size),
+      "local_devices": jax.device_count(),
+      "abstract_mesh": not concrete,
+      "params_total": total_params,
+      "params_active": total_params - inactive,
+      "param_dtype": cfg.param_dtype,
+      "param_bytes_total": tree_bytes(params),
+      "param_bytes_per_device": param_bytes,
+      # What sharding_lib.check_not_replicated would reject: (name, bytes) of the parameters
+      # of >= 1 MiB left whole on every device (one entry per name, layers merged).
+      "replicated_params": replicated,
+      "optimizer_dtypes": sorted({str(x.dtype) for x in jax.tree.leaves(opt_state) if x.ndim}),
+      "optimizer_bytes_per_device": tree_bytes(opt_state, opt_shardings),
+      # The accumulated gradients plus one micro-batch's, in the parameters' layout.
+      "gradient_bytes_per_device": 2 * param_bytes,
+      "reference_bytes_per_device": param_bytes if (config.rl.kl_coef
+                                                    or config.rl.kl_coef_per_domain) else 0,
+  }
+  # An Adam step moves a weight by about lr; below half an ulp of a typical weight (init_std)
+  # it rounds away in a 16-bit parameter dtype.
+  dtype = jnp.dtype(cfg.param_dtype)
+  half_ulp = 0.5 * float(jnp.finfo(dtype).eps) * 2.0 ** math.floor(math.log2(cfg.init_std))
+  out["updates_round_away"] = dtype.itemsize < 4 and config.optim.lr < half_ulp
+  critic_bytes = _critic_bytes(cfg, optimizer, mesh) if config.rl.use_critic else 0
+  out["critic_bytes_per_device"] = critic_bytes
+
+  if prompt_len is None:
+    prompt_len = max(1, min(DEFAULT_PROMPT_LEN, cfg.max_seq_len - config.rollout.max_new_tokens))
+  length = prompt_len + config.rollout.max_new_tokens
+  rows = micro_batch_rows(config)
+  batch = batch_spec(config, cfg, rows, length)
+  batch_shardings = {
+      k: sharding_lib.logical_sharding(("batch", "length", None, None)[:len(v.shape)], v.shape,
+                                       mesh) for k, v in batch.items()}
+  token_factor = _axis_factor(batch_shardings["tokens"].spec, mesh)
+  batch_axes = math.prod(dict(mesh.shape)[a] for a in dict(sharding_lib.DEFAULT_RULES)["batch"])
+  tokens_per_device = rows * length / token_factor
+  tensor = dict(mesh.shape)["tensor"]
+  backend = config.kernel_backend
+  if backend == "auto":  # kernels/__init__.py: the reference on CPU, compiled kernels elsewhere
+    backend = "reference" if concrete and jax.default_backend() == "cpu" else "compiled"
+  per_token = activation_bytes_per_token(cfg, length, tensor=tensor, kernel_backend=backend)
+  out.update(
+      sequence_length=length, prompt_len=prompt_len, micro_batch_rows=rows,
+      tokens_per_device=tokens_per_device, batch_shards=batch_axes,
+      activation_bytes_per_token=per_token,
+      activation_bytes_per_device=per_token * tokens_per_device,
+      batch_bytes_per_device=tree_bytes(batch, batch_shardings) * config.train.micro_batches,
+      kv_cache_bytes_per_sequence=cache_lib.cache_bytes(cfg, 1, length),
+      max_seq_len=cfg.max_seq_len)
+  out["static_bytes_per_device"] = (param_bytes + out["optimizer_bytes_per_device"]
+                                    + out["gradient_bytes_per_device"]
+                                    + out["reference_bytes_per_device"] + critic_bytes)
+  out["total_bytes_per_device"] = (out["static_bytes_per_device"]
+                                   + out["activation_bytes_per_device"]
+                                   + out["batch_bytes_per_device"])
+  out["compiled"] = None
+  if concrete and compile_step is not False:
+    out["compiled"] = _compiled_memory(config, mesh, graphdef, params, rest, param_shardings,
+                                       optimizer, opt_state, opt_shardings, batch,
+                                       batch_shardings)
+  return out
+
+
+def _gib(n: float) -> str:
+  return f"{n / GiB:.2f} GiB" if n >= GiB / 100 else f"{n / 2**20:.2f} MiB"
+
+
+def _count(n: int) -> str:
+  return f"{n / 1e9:.3f}B" if n >= 1e9 else f"{n / 1e6:.3f}M"
+
+
+def format_report(r: dict[str, Any]) -> list[str]:
+  """The dry run's printed lines."""
+  mesh = " ".join(f"{k}={v}" for k, v in r["mesh_shape"].items())
+  where = (f"abstract: {r['local_devices']} local device(s)" if r["abstract_mesh"]
+           else "on the local devices")
+  lines = [
+      f"model {r['model']} | algorithm {r['algorithm']} | mesh {mesh} "
+      f"({r['devices']} devices, {where})",
+      f"parameters: {_count(r['params_total'])} total, {_count(r['params_active'])} active per "
+      f"token ({r['param_dtype']})",
+      f"params      {_gib(r['param_bytes_per_device'])}/device "
+      f"({_gib(r['param_bytes_total'])} in total, sharded "
+      f"{r['param_bytes_total'] / r['param_bytes_per_device']:.1f}x)",
+      f"optimiser   {_gib(r['optimizer_bytes_per_device'])}/device (AdamW mu + nu in "
+      f"{', '.join(r['optimizer_dtypes'])})",
+      f"gradients   {_gib(r['gradient_bytes_per_device'])}/device (accumulator + one "
+      "micro-batch)",
+  ]
+  if r["reference_bytes_per_device"]:
+    lines.append(f"reference   {_gib(r['reference_bytes_per_device'])}/device (KL: frozen "
+                 "copy of the initial policy)")
+  if r["critic_bytes_per_device"]:
+    lines.append(f"critic      {_gib(r['critic_bytes_per_device'])}/device (params, "
+                 "optimiser, gradients)")
+  lines += [
+      f"activations {_gib(r['activation_bytes_per_device'])}/device (analytic, no remat: "
+      f"micro-batch of {r['micro_batch_rows']} x {r['sequence_length']} tokens = "
+      f"{r['tokens_per_device']:.0f} tokens/device x "
+      f"{r['activation_bytes_per_token'] / 2**20:.2f} MiB)",
+      f"total       ~{_gib(r['total_bytes_per_device'])}/device for the policy update "
+      "(analytic; the rollout's KV cache comes on top)",
+      f"kv cache    {_gib(r['kv_cache_bytes_per_sequence'])} per sequence of "
+      f"{r['sequence_length']} tokens",
+  ]
+  if r["updates_round_away"]:
+    lines.append(f"WARNING: parameters are {r['param_dtype']}: Adam steps of ~lr are below half "
+                 "an ulp of a typical weight and round away (use param_dtype float32)")
+  if r["replicated_params"]:
+    names = ", ".join(name for name, _ in r["replicated_params"][:3])
+    lines.append(f"WARNING: {len(r['replicated_params'])} parameter name(s) of >= 1 MiB stay whole "
+                 f"on every device ({_gib(sum(b for _, b in r['replicated_params']))} in total; "
+                 f"{names}, ...): sharding.check_not_replicated rejects this mesh")
+  if r["micro_batch_rows"] % r["batch_shards"]:
+    lines.append(f"WARNING: a micro-batch of {r['micro_batch_rows']} rows does not divide over "
+                 f"the {r['batch_shards']} batch shards (data x fsdp x expert): it is replicated")
+  if r["sequence_length"] > r["max_seq_len"]:
+    lines.append(f"WARNING: prompt ({r['prompt_len']}) + max_new_tokens = "
+                 f"{r['sequence_length']} exceeds the model's max_seq_len {r['max_seq_len']}")
+  compiled = r["compiled"]
+  if compiled:
+    lines.append(
+        f"compiled    {_gib(compiled['peak'])}/device peak (XLA:{jax.default_backend()} "
+        f"memory analysis: arguments {_gib(compiled['argument'])}, outputs "
+        f"{_gib(compiled['output'])}, aliased {_gib(compiled['alias'])}, temporaries "
+        f"{_gib(compiled['temp'])})")
+  else:
+    why = ("the mesh does not fit on the local devices" if r["abstract_mesh"]
+           else "compilation skipped")
+    lines.append(f"compiled    not compiled ({why}): the activation figure above is analytic")
+  return lines
