@@ -17,61 +17,22 @@ configs/qwen2_5_math_dapo.py. Parameters are float32 (bf16 compute) so that lr 1
 rounded away.
 """
 
-import os
-
 from configs import common
-from rl.data import EVAL_DIR
 
 HF_DIRS = {"1.5b": "/models/Qwen2.5-1.5B", "7b": "/models/Qwen2.5-7B"}
-PRESETS = {"1.5b": "qwen2.5-1.5b", "7b": "qwen2.5-7b"}
 
 
 def get_config(arg: str = "1.5b"):
-  size = arg or "1.5b"
-  if size not in PRESETS:
-    raise ValueError(f"configs/vapo_qwen.py:{arg}: the argument must be one of "
-                     f"{sorted(PRESETS)}")
-  c = common.base_config(preset=PRESETS[size], algorithm="vapo", param_dtype="float32")
-  c.init_hf_dir = HF_DIRS[size]
-  c.tokenizer = HF_DIRS[size]
-
-  c.data.source = "files"
-  c.data.train_files = "/data/dapo_math_17k.parquet"
-  c.data.heldout_files = os.path.join(EVAL_DIR, "aime24_test.jsonl")
-  c.data.prompt_template = "dapo"
-
-  c.rollout.max_new_tokens = 3072
-  c.rollout.temperature = 1.0
-  c.rollout.top_p = 1.0
-  c.rollout.prompt_bucket = 128
-
+  size = common.qwen_size(arg, "vapo_qwen.py")
+  c = common.base_config(preset=common.QWEN_SIZES[size], algorithm="vapo",
+                         param_dtype="float32")
+  common.math_rl_on_one_gpu_host(c, size=size, hf_dir=HF_DIRS[size])
   c.rl.critic_warmup_steps = 50
   c.rl.lam_critic = 1.0
   c.rl.length_adaptive_alpha = 0.05
-  c.rl.clip_low, c.rl.clip_high = 0.2, 0.28
-  c.rl.loss_agg_mode = "token-mean"
   c.rl.nll_coef = 0.1
   c.rl.value_clip = 0.5
-
-  c.optim.lr = 1e-6
   c.optim.critic_lr = 2e-6
-  c.optim.warmup_steps = 10
-  c.optim.weight_decay = 0.1
-  c.optim.grad_clip = 1.0
-  c.optim.b1, c.optim.b2 = 0.9, 0.999
-
-  c.train.steps = 500
-  c.train.prompts_per_step = 128
-  c.train.samples_per_prompt = 16
-  c.train.mini_batches = 4  # 512 sequences per optimiser step
-  c.train.eval_every = 25
-  c.train.checkpoint_every = 25
-  # As in configs/qwen2_5_math_dapo.py: tensor parallelism within GPU groups, FSDP across
-  # them, one sequence per group per micro-batch.
-  tensor = 2 if size == "1.5b" else 4
-  c.mesh.shape.update(data=1, fsdp=8 // tensor, tensor=tensor)
-  mini_batch = c.train.prompts_per_step * c.train.samples_per_prompt // c.train.mini_batches
-  c.train.micro_batches = mini_batch // (8 // tensor)
   if size == "7b":
     c.rollout.max_new_tokens = 2048
   return c.lock()

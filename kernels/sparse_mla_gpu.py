@@ -40,6 +40,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
+from kernels.vjp import attention_with_vjp
+
 # Enough programs to fill an H100 (132 SMs) about twice before splitting the index lists.
 _TARGET_PROGRAMS = 264
 
@@ -267,24 +269,7 @@ def _backward(q, kv, indices, out, lse, dout, dlse, t: _Tiling):
   return dq, dkv[:, :length]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _attend(q, kv, indices, t: _Tiling):
-  return _forward(q, kv, indices, t)
-
-
-def _attend_fwd(q, kv, indices, t):
-  out, lse = _forward(q, kv, indices, t)
-  return (out, lse), (q, kv, indices, out, lse)
-
-
-def _attend_bwd(t, residuals, cotangents):
-  q, kv, indices, out, lse = residuals
-  dout, dlse = cotangents
-  dq, dkv = _backward(q, kv, indices, out, lse, dout, dlse, t)
-  return dq.astype(q.dtype), dkv.astype(kv.dtype), None
-
-
-_attend.defvjp(_attend_fwd, _attend_bwd)
+_attend = attention_with_vjp(_forward, _backward)
 
 
 def default_block_h(heads: int) -> int:

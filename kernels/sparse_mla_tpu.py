@@ -29,6 +29,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernels.vjp import attention_with_vjp
+
 # int32 indices prefetched into SMEM per pallas_call (64 KiB).
 _SMEM_INDICES = 16384
 
@@ -291,23 +293,7 @@ def _backward(q, kv, indices, out, lse, dout, dlse, t: _Tiling):
   return _from_query_chunks(dq), dkv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _attend(q, kv, indices, t: _Tiling):
-  return _forward(q, kv, indices, t)
-
-
-def _attend_fwd(q, kv, indices, t):
-  out, lse = _forward(q, kv, indices, t)
-  return (out, lse), (q, kv, indices, out, lse)
-
-
-def _attend_bwd(t, residuals, cotangents):
-  q, kv, indices, out, lse = residuals
-  dq, dkv = _backward(q, kv, indices, out, lse, *cotangents, t)
-  return dq.astype(q.dtype), dkv.astype(kv.dtype), None
-
-
-_attend.defvjp(_attend_fwd, _attend_bwd)
+_attend = attention_with_vjp(_forward, _backward)
 
 
 def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float, d_v: int,

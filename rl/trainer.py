@@ -149,7 +149,8 @@ class Trainer:
     if c.init_checkpoint:
       self._load_init(c.init_checkpoint)
     self._maybe_resume()
-    self.ref_params = self.state.params if self._kl_on() else None
+    # A copy: the policy update donates (and so invalidates) the state's buffers on GPU/TPU.
+    self.ref_params = jax.tree.map(jnp.copy, self.state.params) if self._kl_on() else None
 
     rl = c.rl.to_dict()
     max_len = c.rollout.max_new_tokens

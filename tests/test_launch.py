@@ -263,7 +263,7 @@ def test_gpu_jobset_renders_and_is_well_formed():
 
 
 def test_render_names_missing_and_unused_variables():
-  """A template variable without a value, or a value no placeholder uses, is an error naming
+  """A template variable without a value, or a value no template variable uses, is an error naming
   it; plain rendering substitutes nothing else."""
   with pytest.raises(ValueError, match="no value for HOSTS"):
     render.main(["render.py", os.path.join(GKE, "jobset_tpu.yaml"),

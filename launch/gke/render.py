@@ -1,4 +1,4 @@
-"""Fills the `${VAR}` placeholders of a JobSet template in launch/gke/ and prints the manifest.
+"""Fills the `${VAR}` variables of a JobSet template in launch/gke/ and prints the manifest.
 
   python launch/gke/render.py launch/gke/jobset_tpu.yaml NAME=v32-small IMAGE=<image> \
       WORKDIR=gs://<bucket>/v32-small TPU_ACCELERATOR=tpu-v5p-slice TPU_TOPOLOGY=4x4x2 HOSTS=8 \
@@ -8,8 +8,8 @@
 
 Values are `NAME=value` pairs; everything after `--` is the training command line, whose
 `--config` flags become the container's arguments exactly as launch/xm_launch.py passes them
-(`TRAIN_ARGS`, with `--workdir=$WORKDIR`). A placeholder without a value, or a value no
-placeholder uses, is an error naming them.
+(`TRAIN_ARGS`, with `--workdir=$WORKDIR`). A variable without a value, or a value no
+template variable uses, is an error naming them.
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from launch.xm_launch import build_args  # noqa: E402
 
-PLACEHOLDER = re.compile(r"\$\{([A-Z][A-Z0-9_]*)\}")
+TEMPLATE_VARIABLE = re.compile(r"\$\{([A-Z][A-Z0-9_]*)\}")
 
 
-def placeholders(template: str) -> list[str]:
+def template_variables(template: str) -> list[str]:
   """The variable names a template uses, sorted."""
-  return sorted(set(PLACEHOLDER.findall(template)))
+  return sorted(set(TEMPLATE_VARIABLE.findall(template)))
 
 
 def render(template: str, values: Mapping[str, str]) -> str:
   """`template` with every ${NAME} replaced by values[NAME] (no other substitution)."""
-  names = placeholders(template)
+  names = template_variables(template)
   missing = [n for n in names if n not in values]
   if missing:
     raise ValueError(f"no value for {', '.join(missing)} (pass NAME=value; the template uses "
@@ -43,7 +43,7 @@ def render(template: str, values: Mapping[str, str]) -> str:
   if unused:
     raise ValueError(f"{', '.join(unused)} is not used by the template (it uses "
                      f"{', '.join(names)})")
-  return PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), template)
+  return TEMPLATE_VARIABLE.sub(lambda m: str(values[m.group(1)]), template)
 
 
 def train_args(command: Sequence[str], workdir: str) -> str:
@@ -65,9 +65,9 @@ def main(argv: Sequence[str]) -> str:
     values[name] = value
   with open(path) as f:
     template = f.read()
-  if "TRAIN_ARGS" in placeholders(template):
+  if "TRAIN_ARGS" in template_variables(template):
     # TRAIN_ARGS comes from the command after "--" and WORKDIR.
-    wanted = sorted(set(placeholders(template)) - {"TRAIN_ARGS"} | {"WORKDIR"})
+    wanted = sorted(set(template_variables(template)) - {"TRAIN_ARGS"} | {"WORKDIR"})
     missing = [n for n in wanted if n not in values]
     if missing:
       raise ValueError(f"no value for {', '.join(missing)} (pass NAME=value; needed: "
