@@ -15,7 +15,7 @@ import ml_collections
 from models.config import ModelConfig, PRESETS, get_config as get_model_config
 from rl import algorithms
 
-JOBS = ("rl", "sft", "sft_rl")
+JOBS = ("rl", "sft", "sft_rl", "o1_coder")
 TOKENIZERS_BUILTIN = ("byte",)
 
 
@@ -44,9 +44,13 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
   # devices left over; the default puts them all on "data"), and across-slice (DCN) factors
   # for multi-slice TPU pods or multi-host GPU clusters. The run uses
   # sharding.mesh_from_config(dict(config.mesh.shape, dcn=config.mesh.dcn)).
+  # auto=True: launch/dry_run.py takes the shape of the best plan of models/planner.py for
+  # `devices` (0: the local device count) devices of `device_kind` ("": the local kind; one
+  # of planner.DEVICES), keeping config.model.remat and config.optim.offload_state.
   c.mesh = ml_collections.ConfigDict(dict(
       shape=dict(data=-1, fsdp=1, expert=1, sequence=1, tensor=1),
       dcn=dict(data=1, fsdp=1, expert=1, sequence=1, tensor=1),
+      auto=False, devices=0, device_kind="",
   ))
 
   c.data = ml_collections.ConfigDict(dict(
@@ -63,6 +67,14 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
       heldout_size=200,
       heldout_seed=10_000,  # a different generator seed: held-out problems never trained on
       prompt_template="plain",  # a template of rl/data/templates.py ("chat": the chat template)
+      # How RL steps draw prompts (rl/data/curriculum.py PromptCurriculum): "" uniform;
+      # "difficulty" raises a generated task's level once its accuracy averages >= threshold
+      # over `window` steps; "staged" follows curriculum_stages ("0:code=1;200:code=1,math=1");
+      # "online" reweights domains by their recent accuracy. Its state is checkpointed.
+      curriculum="",
+      curriculum_stages="",
+      curriculum_threshold=0.8,
+      curriculum_window=10,
   ))
   c.rollout = ml_collections.ConfigDict(dict(
       max_new_tokens=16,
@@ -71,6 +83,11 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
       top_k=0,
       prompt_bucket=16,
       eval_temperature=0.0,  # greedy evaluation
+      # Sampler weights (rl/quant.py): "" = the trainer's own; "fp8_e4m3" = the big matmul
+      # weights post-training-quantised to FP8 after every update, with one scale per output
+      # channel and block of `weight_block_size` inputs (0: the whole input axis).
+      weight_dtype="",
+      weight_block_size=0,
       # Streaming rollouts (rl/streaming.py): partial generations carry over between steps.
       streaming=dict(enabled=False, on_policy_fraction=0.5, max_staleness=1, round_tokens=64),
   ))
@@ -78,10 +95,14 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
   c.optim = ml_collections.ConfigDict(dict(
       lr=1e-4, warmup_steps=5, weight_decay=0.0, grad_clip=1.0, b1=0.9, b2=0.99,
       critic_lr=2e-4,
+      # Keep the AdamW state in pinned host memory between updates (models/remat.py).
+      offload_state=False,
   ))
   c.sft = ml_collections.ConfigDict(dict(
-      batch_size=32,
+      batch_size=32,  # rows per step (each one example, or several with pack)
       epochs=2,
+      max_len=0,  # row width in tokens; 0: the longest example. Longer responses are cut.
+      pack=False,  # several examples per row (segment ids keep them apart)
       lr=1e-3,
       warmup_steps=20,
       final_lr_fraction=0.1,  # cosine decay from lr to lr * this
@@ -103,6 +124,23 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
       checkpoint_every=25,
       keep_checkpoints=2,
       max_bad_steps=3,  # consecutive non-finite steps before the run stops
+  ))
+  # Multi-turn tool use (rl/tools/): RL episodes on tool environments instead of data.source;
+  # rollout.max_new_tokens is then the policy-token budget of a whole episode (all turns).
+  c.tools = ml_collections.ConfigDict(dict(
+      enabled=False,
+      environments="",  # comma-separated names of rl/tools/environments.py ENVIRONMENTS
+      max_turns=4,  # tool calls per episode; one more ends it ("turn_limit")
+      max_tool_tokens=96,  # tokens of one tool result, wrapper included (longer ones are cut)
+      timeout_s=5.0,  # per tool call
+      workers=8,  # thread pool running tool calls
+      waves=2,  # episode waves: one wave's tool calls run while another decodes
+      allow_weak_sandbox=False,  # python tool without bubblewrap: rlimits only
+      judge_weight=0.0,  # reward = (1 - w) * verifier + w * rubric judge P(YES)
+      judge_hf_dir="",  # local HF checkpoint of the generative judge (needed when w > 0)
+      # > 0: a fresh run first fits the policy to expert transcripts of the training tasks
+      # (rl/tools/demonstrations.py) for this many steps of config.sft.batch_size rows, lr.
+      warm_start_steps=0,
   ))
   return c
 
@@ -146,6 +184,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.rollout.temperature={c.rollout.temperature}: must be >= 0")
   if not 0 < c.rollout.top_p <= 1:
     raise ValueError(f"config.rollout.top_p={c.rollout.top_p}: must be in (0, 1]")
+  from rl.quant import WEIGHT_DTYPES
+  _allowed("rollout.weight_dtype", c.rollout.weight_dtype, WEIGHT_DTYPES)
+  if c.rollout.weight_block_size < 0:
+    raise ValueError(f"config.rollout.weight_block_size={c.rollout.weight_block_size}: must be "
+                     ">= 0 (0: one scale per output channel)")
   algorithms.validate_rl(c.rl)
   if c.rl.overlong_buffer and c.rl.overlong_buffer >= c.rollout.max_new_tokens:
     raise ValueError(
@@ -154,6 +197,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
         "last overlong_buffer tokens; 0 turns it off)")
   _positive(c, "optim", "lr")
   _positive(c, "sft", "batch_size", "epochs", "lr", "log_every")
+  _check_curriculum(c)
+  if c.sft.max_len < 0:
+    raise ValueError(f"config.sft.max_len={c.sft.max_len}: must be >= 0 (0: the longest example)")
   _positive(c, "train", "steps", "prompts_per_step", "samples_per_prompt", "mini_batches",
             "micro_batches", "log_every")
   batch = c.train.prompts_per_step * c.train.samples_per_prompt
@@ -175,6 +221,50 @@ def validate(c: ml_collections.ConfigDict) -> None:
   except ValueError as e:
     raise ValueError(str(e).replace("StreamingConfig.", "config.rollout.streaming.")) from None
   _check_hf_dir(c)
+  _check_tools(c)
+
+
+def _check_tools(c: ml_collections.ConfigDict) -> None:
+  t = c.tools
+  if not t.enabled:
+    return
+  if c.job != "rl":
+    raise ValueError(f"config.tools.enabled=True with config.job={c.job!r}: tool-use episodes "
+                     "run in the RL job only (job='rl')")
+  from rl.tools import environments
+  names = [name.strip() for name in t.environments.split(",") if name.strip()]
+  if not names:
+    raise ValueError("config.tools.environments: name at least one of "
+                     f"{sorted(environments.ENVIRONMENTS)} (comma-separated)")
+  for name in names:
+    _allowed("tools.environments", name, sorted(environments.ENVIRONMENTS))
+  _positive(c, "tools", "max_turns", "max_tool_tokens", "timeout_s", "workers", "waves")
+  if t.warm_start_steps < 0:
+    raise ValueError(f"config.tools.warm_start_steps={t.warm_start_steps}: must be >= 0")
+  if not 0.0 <= t.judge_weight <= 1.0:
+    raise ValueError(f"config.tools.judge_weight={t.judge_weight}: must be in [0, 1]")
+  if t.judge_weight and not t.judge_hf_dir:
+    raise ValueError("config.tools.judge_weight > 0 needs config.tools.judge_hf_dir (a local "
+                     "HF checkpoint of the generative judge)")
+
+
+def _check_curriculum(c: ml_collections.ConfigDict) -> None:
+  from rl.data import curriculum
+  d = c.data
+  _allowed("config.data.curriculum", d.curriculum, curriculum.CURRICULA)
+  if d.curriculum == "difficulty" and d.source != "puzzles":
+    raise ValueError("config.data.curriculum='difficulty' raises the level of generated "
+                     "puzzles: it needs config.data.source='puzzles'")
+  if d.curriculum == "staged":
+    try:
+      curriculum.StagedSchedule(curriculum.parse_stages(d.curriculum_stages))
+    except ValueError as e:
+      raise ValueError(f"config.data.curriculum_stages={d.curriculum_stages!r}: {e}") from None
+  if not 0.0 < d.curriculum_threshold <= 1.0:
+    raise ValueError(f"config.data.curriculum_threshold={d.curriculum_threshold}: must be in "
+                     "(0, 1]")
+  if d.curriculum_window < 1:
+    raise ValueError(f"config.data.curriculum_window={d.curriculum_window}: must be >= 1")
 
 
 def _check_mesh(c: ml_collections.ConfigDict) -> None:
@@ -190,12 +280,18 @@ def _check_mesh(c: ml_collections.ConfigDict) -> None:
         raise ValueError(f"config.mesh.{table}.{axis}={size}: must be {allowed}")
   if list(c.mesh.shape.values()).count(-1) > 1:
     raise ValueError(f"config.mesh.shape={c.mesh.shape.to_dict()}: at most one axis may be -1")
+  if c.mesh.devices < 0:
+    raise ValueError(f"config.mesh.devices={c.mesh.devices}: must be >= 0 (0: the local "
+                     "device count)")
+  from models.planner import DEVICES
+  if c.mesh.device_kind:
+    _allowed("mesh.device_kind", c.mesh.device_kind, sorted(DEVICES))
 
 
 # Fields a checkpoint's config.json fixes; the rest (dtypes, context length, init, dispatch) a
 # config may choose freely.
 _HF_FREE_FIELDS = ("dtype", "param_dtype", "init_std", "max_seq_len", "moe_dispatch",
-                   "router_aux_loss_coef", "head")
+                   "router_aux_loss_coef", "head", "remat", "remat_names")
 
 
 def _check_hf_dir(c: ml_collections.ConfigDict) -> None:
@@ -226,7 +322,8 @@ def build_policy(c: ml_collections.ConfigDict):
   if c.init_hf_dir:
     from models import hf
     return hf.load_pretrained(c.init_hf_dir, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                              max_seq_len=cfg.max_seq_len)
+                              max_seq_len=cfg.max_seq_len, remat=cfg.remat,
+                              remat_names=cfg.remat_names)
   return Transformer(cfg, rngs=nnx.Rngs(params=c.seed))
 
 
@@ -242,6 +339,13 @@ def check_single_device_run(c: ml_collections.ConfigDict) -> None:
   if c.rollout.streaming.enabled:
     raise ValueError("config.rollout.streaming.enabled=True: the trainer does not run "
                      "streaming rollouts yet (rl/streaming.py is a tested library piece)")
+  if c.mesh.auto:
+    raise ValueError("config.mesh.auto=True: the trainer does not shard the policy yet; use "
+                     "--dry_run (or launch/plan.py) to plan the mesh")
+  if c.optim.offload_state:
+    raise ValueError("config.optim.offload_state=True: the trainer does not offload the "
+                     "optimiser state yet (rl/train_step.make_update(offload_optimizer=True) "
+                     "is a tested library piece)")
 
 
 QWEN_SIZES = {"1.5b": "qwen2.5-1.5b", "7b": "qwen2.5-7b"}

@@ -22,10 +22,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plt
+
+from kernels import autotune, reference
 
 # Score bytes held at once per query chunk (fp32 [B, chunk, L]).
 _CHUNK_BYTES = 1 << 30
@@ -64,7 +67,8 @@ def _scores_kernel(offset_ref, q_ref, k_ref, w_ref, out_ref, *, heads: int, leng
 
 
 def _chunk_scores(offset, q_hm, k, w_hm, *, length: int, causal: bool,
-                  block_q: int, block_l: int, platform: str, interpret) -> jax.Array:
+                  block_q: int, block_l: int, platform: str, interpret,
+                  num_warps: int = 4, num_stages: int = 2) -> jax.Array:
   """fp32 scores [B, C, L_pad] of one query chunk (q_hm [B, HI, C, DI], w_hm [B, HI, C, 1])."""
   batch, heads, chunk, dim = q_hm.shape
   padded_len = k.shape[1]
@@ -95,7 +99,7 @@ def _chunk_scores(offset, q_hm, k, w_hm, *, length: int, causal: bool,
       in_specs=[pl.BlockSpec((batch,), lambda b, i, j: (0,))] + in_specs,
       out_specs=out_spec,
       out_shape=out_shape,
-      compiler_params=plt.CompilerParams(num_warps=4, num_stages=2),
+      compiler_params=plt.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="lightning_indexer_scores",
   )(offset, q_hm, k, w_hm)
@@ -113,10 +117,45 @@ def default_query_chunk(batch: int, steps: int, length: int, block_q: int) -> in
   return min(rows, -(-steps // block_q) * block_q)
 
 
+def tuning_candidates(steps: int, length: int, platform: str) -> list[dict]:
+  """What `block_config="auto"` times: query tiles (16 up to 128, not past the queries), key
+  tiles (64 up to 256, not past the keys) and, on GPU, Triton warps and pipeline stages."""
+  block_qs = [b for b in (16, 32, 64, 128) if b <= max(16, pl.next_power_of_2(steps))]
+  block_ls = [b for b in (64, 128, 256) if b <= max(64, pl.next_power_of_2(length))]
+  tiles = [dict(block_q=q, block_l=l) for q in block_qs for l in block_ls]
+  if platform == "tpu":
+    return tiles
+  return [dict(tile, num_warps=w, num_stages=s) for tile in tiles for w in (4, 8)
+          for s in (1, 2, 3)]
+
+
+def tuned_launch(q: jax.Array, k: jax.Array, w: jax.Array, *, topk: int, causal: bool,
+                 platform: str, interpret) -> dict:
+  """Tiles (and launch parameters) for these shapes from the autotune cache, timing every
+  candidate on a miss (kernels/autotune.py). Timing places the queries at the end of the keys
+  (q_offset = L - S: prefill when S == L, decode against a cache otherwise)."""
+  steps, length = q.shape[1], k.shape[1]
+
+  def make_inputs():
+    rng = np.random.default_rng(0)
+    return autotune.random_like(rng, q), autotune.random_like(rng, k), autotune.random_like(rng, w)
+
+  def build(config):
+    return jax.jit(functools.partial(lightning_indexer, topk=topk, causal=causal,
+                                     q_offset=max(length - steps, 0), platform=platform,
+                                     interpret=interpret, **config))
+  return autotune.tune("lightning_indexer", {"q": q, "k": k, "w": w},
+                       {"topk": topk, "causal": causal, "platform": platform,
+                        "interpret": bool(interpret)},
+                       tuning_candidates(steps, length, platform), make_inputs, build)
+
+
 def lightning_indexer(q: jax.Array, k: jax.Array, w: jax.Array, *, topk: int,
                       causal: bool = True, q_offset: int | jax.Array = 0,
-                      platform: str = "gpu", interpret=False, block_q: int | None = None,
-                      block_l: int = 128, query_chunk: int | None = None
+                      segment_ids: jax.Array | None = None, platform: str = "gpu",
+                      interpret=False, block_q: int | None = None, block_l: int = 128,
+                      query_chunk: int | None = None,
+                      num_warps: int = 4, num_stages: int = 2, block_config: str = "default"
                       ) -> tuple[jax.Array, jax.Array]:
   """Top-k keys by the lightning-indexer score (contract of the reference).
 
@@ -124,10 +163,16 @@ def lightning_indexer(q: jax.Array, k: jax.Array, w: jax.Array, *, topk: int,
     q: [B, S, HI, DI] indexer queries; k: [B, L, DI] keys; w: [B, S, HI] folded head weights.
     topk: keys kept per query; the output width is min(topk, L).
     causal, q_offset: query t of row b sits at q_offset[b] + t and sees keys <= that.
+    segment_ids: [B, S] packed sequences (L == S): a query sees keys of its segment only
+      (applied to each chunk's scores before the top-k).
     platform: "gpu" (Triton launch parameters) or "tpu" (offsets scalar-prefetched).
     interpret: False, True (GPU-style interpret) or a `pltpu.InterpretParams` (TPU).
     block_q, block_l: score tile; query_chunk: queries scored per top-k pass (a multiple
       of block_q; default bounds the chunk's scores to 1 GiB).
+    num_warps, num_stages: Triton launch parameters (GPU only).
+    block_config: "default" uses the tile and launch parameters above; "auto" replaces
+      block_q, block_l (and on GPU num_warps, num_stages) by the autotuned choice for these
+      shapes (`tuned_launch`).
 
   Returns:
     indices [B, S, K] int32 (-1 where fewer than K keys are selectable) and scores [B, S, K]
@@ -139,6 +184,12 @@ def lightning_indexer(q: jax.Array, k: jax.Array, w: jax.Array, *, topk: int,
   batch, steps, heads, dim = q.shape
   length = k.shape[1]
   kk = min(topk, length)
+  autotune.check_block_config(block_config)
+  if block_config == "auto":
+    tuned = tuned_launch(q, k, w, topk=topk, causal=causal, platform=platform,
+                         interpret=interpret)
+    block_q, block_l = tuned["block_q"], tuned["block_l"]
+    num_warps, num_stages = tuned.get("num_warps", num_warps), tuned.get("num_stages", num_stages)
   block_q = block_q or default_block_q(steps)
   chunk = query_chunk or default_query_chunk(batch, steps, length, block_q)
   if chunk % block_q:
@@ -153,13 +204,24 @@ def lightning_indexer(q: jax.Array, k: jax.Array, w: jax.Array, *, topk: int,
   w_hm = w_hm.transpose(0, 2, 1)[..., None]  # [B, HI, S_pad, 1]
   keys = jnp.pad(k.astype(dtype), ((0, 0), (0, -length % block_l), (0, 0)))
 
+  if segment_ids is not None:
+    if segment_ids.shape != (batch, length) or length != steps:
+      raise ValueError(f"segment_ids {segment_ids.shape} need queries and keys to be the same "
+                       f"{(batch, steps)} tokens (packed training sequences), keys: {length}")
+    padded_segments = jnp.pad(segment_ids, ((0, 0), (0, padded_steps - steps)),
+                              constant_values=-1)
+
   def one_chunk(c: jax.Array):
     q_c = lax.dynamic_slice_in_dim(q_hm, c * chunk, chunk, axis=2)
     w_c = lax.dynamic_slice_in_dim(w_hm, c * chunk, chunk, axis=2)
     scores = _chunk_scores(offset + c * chunk, q_c, keys, w_c, length=length, causal=causal,
                            block_q=block_q, block_l=block_l, platform=platform,
-                           interpret=interpret)
-    top_scores, top_idx = lax.top_k(scores[..., :length], kk)
+                           interpret=interpret, num_warps=num_warps, num_stages=num_stages)
+    scores = scores[..., :length]
+    if segment_ids is not None:
+      query_segments = lax.dynamic_slice_in_dim(padded_segments, c * chunk, chunk, axis=1)
+      scores = jnp.where(reference.same_segment(query_segments, segment_ids), scores, -jnp.inf)
+    top_scores, top_idx = lax.top_k(scores, kk)
     return jnp.where(jnp.isneginf(top_scores), -1, top_idx).astype(jnp.int32), top_scores
 
   # lax.map runs the chunks one after another: one chunk's [B, C, L] scores live at a time.

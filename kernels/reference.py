@@ -9,9 +9,16 @@ import jax
 import jax.numpy as jnp
 
 
+def same_segment(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
+  """[B, S] and [B, L] segment ids -> bool [B, S, L]: key in the query's segment."""
+  if query_segments.shape[0] != key_segments.shape[0]:
+    raise ValueError(f"segment_ids rows differ: {query_segments.shape} vs {key_segments.shape}")
+  return query_segments[:, :, None] == key_segments[:, None, :]
+
+
 def lightning_indexer(q: jax.Array, k: jax.Array, w: jax.Array, *, topk: int,
-                      causal: bool = True, q_offset: int | jax.Array = 0
-                      ) -> tuple[jax.Array, jax.Array]:
+                      causal: bool = True, q_offset: int | jax.Array = 0,
+                      segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Top-k key selection by the lightning indexer's score.
 
   Args:
@@ -21,6 +28,8 @@ def lightning_indexer(q: jax.Array, k: jax.Array, w: jax.Array, *, topk: int,
     topk: keys kept per query; the output width is K = min(topk, L).
     causal: query t (absolute position q_offset + t) may select keys s' <= q_offset + t.
     q_offset: scalar or [B] absolute position of each row's first query (decode with a cache).
+    segment_ids: [B, S] for packed sequences (queries and keys are the same tokens, L == S):
+      query t may select key s' only when segment_ids[s'] == segment_ids[t].
 
   Returns:
     indices [B, S, K] int32 (-1 where fewer than K keys are selectable) and their scores
@@ -35,6 +44,8 @@ def lightning_indexer(q: jax.Array, k: jax.Array, w: jax.Array, *, topk: int,
     query_pos = offset[:, None] + jnp.arange(q.shape[1], dtype=jnp.int32)[None, :]  # [B, S]
     allowed = jnp.arange(length, dtype=jnp.int32)[None, None, :] <= query_pos[..., None]
     scores = jnp.where(allowed, scores, -jnp.inf)
+  if segment_ids is not None:
+    scores = jnp.where(same_segment(segment_ids, segment_ids), scores, -jnp.inf)
   top_scores, top_idx = jax.lax.top_k(scores, kk)
   top_idx = jnp.where(jnp.isneginf(top_scores), -1, top_idx).astype(jnp.int32)
   return top_idx, top_scores

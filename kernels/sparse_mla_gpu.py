@@ -40,6 +40,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
+from kernels import autotune
 from kernels.vjp import attention_with_vjp
 
 # Enough programs to fill an H100 (132 SMs) about twice before splitting the index lists.
@@ -296,10 +297,28 @@ def gpu_supported(dim: int, d_v: int, block_k: int = 64) -> bool:
   return ok(d_v) and ok(d_rope) and ok(block_k)
 
 
+def tuning_candidates(heads: int, topk: int) -> list[dict]:
+  """What `block_config="auto"` times: heads per program (16 up to the default), index-list
+  chunk (32 up to 128, not past the list), Triton warps and pipeline stages."""
+  block_hs = [h for h in (16, 32, 64) if h <= default_block_h(heads)]
+  block_ks = [k for k in (32, 64, 128) if k <= max(32, pl.next_power_of_2(topk))]
+  return [dict(block_h=h, block_k=k, num_warps=w, num_stages=s)
+          for h in block_hs for k in block_ks for w in (4, 8) for s in (1, 2, 3)]
+
+
+def tuned_launch(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float, d_v: int,
+                 interpret: bool) -> dict:
+  """Launch parameters for these shapes from the autotune cache (kernels/autotune.py); the
+  forward pass is timed and they serve the backward pass too."""
+  return autotune.tune_sparse_mla("sparse_mla_gpu", sparse_mla,
+                                  tuning_candidates(q.shape[2], indices.shape[-1]), q, kv,
+                                  indices, scale=scale, d_v=d_v, interpret=interpret)
+
+
 def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float, d_v: int,
                interpret: bool = False, block_h: int | None = None, block_k: int = 64,
-               num_splits: int | None = None, num_warps: int = 8, num_stages: int = 2
-               ) -> tuple[jax.Array, jax.Array]:
+               num_splits: int | None = None, num_warps: int = 8, num_stages: int = 2,
+               block_config: str = "default") -> tuple[jax.Array, jax.Array]:
   """Sparse MLA (contract of `kernels.reference.sparse_mla`), differentiable in q and kv.
 
   Args:
@@ -311,6 +330,8 @@ def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float,
     num_splits: index-list partitions per token in the forward (default
       `default_num_splits`: 1 for prefill, more for decode).
     num_warps, num_stages: Triton launch parameters (ignored in interpret mode).
+    block_config: "default" uses the parameters above; "auto" replaces block_h, block_k,
+      num_warps and num_stages by the autotuned choice for these shapes (`tuned_launch`).
 
   Returns:
     out [B, S, H, d_v] in q's dtype and lse [B, S, H] fp32 (-inf for a token with no index).
@@ -319,6 +340,11 @@ def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float,
   if kv.shape[-1] != dim or not 0 < d_v < dim:
     raise ValueError(f"sparse_mla: q width {dim}, kv width {kv.shape[-1]}, d_v {d_v}: kv must "
                      "match q and d_v must leave a rope part")
+  autotune.check_block_config(block_config)
+  if block_config == "auto":
+    tuned = tuned_launch(q, kv, indices, scale=scale, d_v=d_v, interpret=interpret)
+    block_h, block_k = tuned["block_h"], tuned["block_k"]
+    num_warps, num_stages = tuned["num_warps"], tuned["num_stages"]
   dtype = jnp.promote_types(q.dtype, kv.dtype)
   block_h = block_h or default_block_h(heads)
   if num_splits is None:

@@ -29,6 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernels import autotune
 from kernels.vjp import attention_with_vjp
 
 # int32 indices prefetched into SMEM per pallas_call (64 KiB).
@@ -296,9 +297,31 @@ def _backward(q, kv, indices, out, lse, dout, dlse, t: _Tiling):
 _attend = attention_with_vjp(_forward, _backward)
 
 
+def default_block_h(heads: int) -> int:
+  """Heads per program: the head count rounded up to a multiple of 8 (sublanes), at most 64."""
+  return min(64, -(-heads // 8) * 8)
+
+
+def tuning_candidates(heads: int, topk: int) -> list[dict]:
+  """What `block_config="auto"` times: heads per program (multiples of 8 up to the default)
+  and rows per DMA'd chunk (32 up to 128, not past the index list)."""
+  block_hs = sorted({h for h in (8, 16, 32, 64) if h < default_block_h(heads)}
+                    | {default_block_h(heads)})
+  block_ks = [k for k in (32, 64, 128) if k <= max(32, pl.next_power_of_2(topk))]
+  return [dict(block_h=h, block_k=k) for h in block_hs for k in block_ks]
+
+
+def tuned_launch(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float, d_v: int,
+                 interpret) -> dict:
+  """block_h and block_k for these shapes from the autotune cache (kernels/autotune.py)."""
+  return autotune.tune_sparse_mla("sparse_mla_tpu", sparse_mla,
+                                  tuning_candidates(q.shape[2], indices.shape[-1]), q, kv,
+                                  indices, scale=scale, d_v=d_v, interpret=interpret)
+
+
 def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float, d_v: int,
-               interpret=False, block_h: int | None = None, block_k: int = 64
-               ) -> tuple[jax.Array, jax.Array]:
+               interpret=False, block_h: int | None = None, block_k: int = 64,
+               block_config: str = "default") -> tuple[jax.Array, jax.Array]:
   """Sparse MLA on TPU (contract of `kernels.reference.sparse_mla`), differentiable in q, kv.
 
   Args:
@@ -306,6 +329,8 @@ def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float,
     scale, d_v: softmax scale and value width.
     interpret: False on a TPU; `pltpu.InterpretParams()` to run on CPU.
     block_h: heads per program (default min(64, H rounded up to 8)); block_k: rows per chunk.
+    block_config: "default" uses block_h and block_k; "auto" the autotuned choice for these
+      shapes (`tuned_launch`).
 
   Returns:
     out [B, S, H, d_v] in q's dtype and lse [B, S, H] fp32 (-inf for a token with no index).
@@ -314,8 +339,12 @@ def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float,
   if kv.shape[-1] != dim or not 0 < d_v < dim:
     raise ValueError(f"sparse_mla: q width {dim}, kv width {kv.shape[-1]}, d_v {d_v}: kv must "
                      "match q and d_v must leave a rope part")
+  autotune.check_block_config(block_config)
+  if block_config == "auto":
+    tuned = tuned_launch(q, kv, indices, scale=scale, d_v=d_v, interpret=interpret)
+    block_h, block_k = tuned["block_h"], tuned["block_k"]
   dtype = jnp.promote_types(q.dtype, kv.dtype)
-  block_h = block_h or min(64, -(-heads // 8) * 8)
+  block_h = block_h or default_block_h(heads)
   width = -(-indices.shape[-1] // block_k) * block_k
   tokens = max(1, min(steps, _SMEM_INDICES // (batch * width)))
   tiling = _Tiling(scale=float(scale), d_v=d_v, block_h=block_h, block_k=block_k,

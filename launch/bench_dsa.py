@@ -4,6 +4,7 @@ prefill and decode at 8K, 32K, 64K and 128K context (spec/dsa.md, performance an
   python launch/bench_dsa.py --backend=gpu --json=/tmp/bench_dsa.json      # on a GPU
   python launch/bench_dsa.py --backend=tpu                                 # on a TPU
   python launch/bench_dsa.py --smoke --backend=interpret                   # CPU: plumbing only
+  python launch/bench_dsa.py --backend=gpu --autotune                      # tuned launch params
 
 Shapes follow DeepSeek-V3.2 (128 heads, 576 = 512 + 64 latent, top-k 2048, indexer 64 x 128):
 - prefill: the last `prefill_tokens` queries of a context-long sequence (FlashMLA's s_q 4096),
@@ -18,6 +19,9 @@ once, queries, outputs, index lists), against ~3.0; and the speed-up over dense 
 (XLA einsum + softmax over every causal key, chunked over queries so its logits fit; its
 FLOPs count only causal keys). `indexer` rows time the lightning indexer alone and
 `sparse+indexer` the two together. Numbers from a CPU run (--smoke) say nothing about GPUs.
+With --autotune the kernels run with `block_config="auto"`: each shape's launch parameters
+are timed once on first use (kernels/autotune.py, before the timed runs) and read back from
+the cache ($SEEDRL_AUTOTUNE_CACHE or ~/.cache/seedrl/autotune.json) afterwards.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import kernels  # noqa: E402
+from kernels import autotune  # noqa: E402
 
 _BACKEND = flags.DEFINE_enum("backend", "auto", list(kernels.BACKENDS), "Kernel backend.")
 _CONTEXTS = flags.DEFINE_list("contexts", ["8192", "32768", "65536", "131072"],
@@ -50,6 +55,8 @@ _D_ROPE = flags.DEFINE_integer("d_rope", 64, "Rope width of the latent.")
 _ITERS = flags.DEFINE_integer("iters", 10, "Timed runs after one compile run.")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Tiny shapes (CPU plumbing check).")
 _JSON = flags.DEFINE_string("json", "", "Write the results here as JSON.")
+_AUTOTUNE = flags.DEFINE_bool("autotune", False, "Autotuned kernel launch parameters "
+                              "(block_config='auto') instead of the defaults.")
 _SCALE = 0.13523  # DeepSeek-V3 softmax scale with YaRN mscale (spec/dsa.md)
 _PEAK_TFLOPS, _PEAK_TBPS = 800.0, 3.0  # measured H100 ceilings (spec/dsa.md)
 
@@ -103,6 +110,7 @@ def row(phase, context, name, seconds, flop, nbytes, dense_seconds=None):
 def bench_phase(phase: str, context: int, key) -> list[dict]:
   heads, topk, d_v, dim = _HEADS.value, _TOPK.value, _D_V.value, _D_V.value + _D_ROPE.value
   backend, dtype = _BACKEND.value, jnp.bfloat16
+  block_config = "auto" if _AUTOTUNE.value else "default"
   if phase == "prefill":
     batch, steps = 1, min(_PREFILL_TOKENS.value, context)
     positions = jnp.broadcast_to(jnp.arange(context - steps, context), (1, steps))
@@ -127,13 +135,15 @@ def bench_phase(phase: str, context: int, key) -> list[dict]:
     chunk -= 1
   dense = jax.jit(lambda q, kv: dense_attention(q, kv, positions, d_v=d_v, chunk=chunk))
   sparse = jax.jit(lambda q, kv, idx: kernels.sparse_mla(q, kv, idx, scale=_SCALE, d_v=d_v,
-                                                         backend=backend)[0])
+                                                         backend=backend,
+                                                         block_config=block_config)[0])
   q_i = jax.random.normal(keys[3], (batch, steps, _INDEX_HEADS.value, _INDEX_DIM.value), dtype)
   k_i = jax.random.normal(keys[4], (batch, context, _INDEX_DIM.value), dtype)
   w_i = jax.random.normal(keys[5], (batch, steps, _INDEX_HEADS.value), jnp.float32)
   offset = positions[:, 0]
   index = jax.jit(lambda q, k, w: kernels.lightning_indexer(q, k, w, topk=topk,
-                                                            q_offset=offset, backend=backend))
+                                                            q_offset=offset, backend=backend,
+                                                            block_config=block_config))
   index_flop = 2.0 * causal_keys * _INDEX_HEADS.value * _INDEX_DIM.value
   index_bytes = (batch * context * _INDEX_DIM.value + q_i.size) * itemsize + indices.size * 8
 
@@ -177,6 +187,8 @@ def main(argv) -> None:
   if _JSON.value:
     meta = {"device": str(jax.devices()[0].device_kind), "platform": jax.default_backend(),
             "backend": _BACKEND.value, "heads": _HEADS.value, "topk": _TOPK.value,
+            "block_config": "auto" if _AUTOTUNE.value else "default",
+            "autotune_cache": autotune.cache_path() if _AUTOTUNE.value else "",
             "latent": [_D_V.value, _D_ROPE.value], "prefill_tokens": _PREFILL_TOKENS.value,
             "decode_batch": _DECODE_BATCH.value, "dtype": "bfloat16",
             "flops": f"2 * sum(valid indices) * heads * ({_D_V.value + _D_ROPE.value} + "

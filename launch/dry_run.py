@@ -26,9 +26,10 @@ from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
 from configs import common
 from models import cache as cache_lib
+from models import remat as remat_lib
 from models import sharding as sharding_lib
 from models.config import ModelConfig, get_config
-from models.transformer import Transformer
+from models.transformer import ShapeOnlyRngs, Transformer
 from rl import train_step as ts
 
 GiB = 2**30
@@ -37,25 +38,19 @@ GiB = 2**30
 DEFAULT_PROMPT_LEN = 1024
 
 
-class _ShapeOnlyRngs:
-  """Stands in for nnx.Rngs where only shapes matter. nnx.Rngs bumps a counter Variable per
-  draw, and inside a trace each bump formats an error message that walks the whole trace (jax
-  0.10): quadratic, ~20 s for the 61-layer 671B model. One fixed key gives the same shapes."""
-
-  def params(self) -> jax.Array:
-    return jax.random.key(0)
-
-
 def abstract_model(cfg: ModelConfig):
   """(graphdef, params, rest) of `Transformer(cfg)` holding jax.ShapeDtypeStructs."""
-  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=_ShapeOnlyRngs()))
+  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=ShapeOnlyRngs()))
   return nnx.split(model, nnx.Param, ...)
 
 
-def mesh_for(config: ml_collections.ConfigDict) -> tuple[Any, bool]:
-  """(mesh, concrete): a real Mesh over the first local devices when config.mesh fits on them,
-  else an AbstractMesh of the same axis sizes. A -1 size takes the local devices left over."""
-  ici = {a: int(config.mesh.shape.get(a, 1)) for a in sharding_lib.MESH_AXES}
+def mesh_for(config: ml_collections.ConfigDict,
+             shape: dict[str, int] | None = None) -> tuple[Any, bool]:
+  """(mesh, concrete): a real Mesh over the first local devices when config.mesh (or `shape`,
+  e.g. a planned one) fits on them, else an AbstractMesh of the same axis sizes. A -1 size
+  takes the local devices left over."""
+  shape = config.mesh.shape if shape is None else shape
+  ici = {a: int(shape.get(a, 1)) for a in sharding_lib.MESH_AXES}
   dcn = {a: int(config.mesh.dcn.get(a, 1)) for a in sharding_lib.MESH_AXES}
   n_local = jax.device_count()
   if -1 in ici.values():
@@ -126,19 +121,51 @@ def batch_spec(config, cfg: ModelConfig, rows: int, length: int) -> dict[str, ja
 
 
 def activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1,
-                               kernel_backend: str = "tpu") -> float:
-  """Analytic bytes one token keeps alive for the backward pass of the policy loss (no
-  rematerialisation; +-2x: XLA fusion decides what is really saved).
+                               kernel_backend: str = "tpu", remat: str | None = None) -> float:
+  """Analytic bytes one token keeps alive in device memory for the backward pass of the policy
+  loss (+-2x: XLA fusion decides what is really saved).
 
-  Per layer: ~6 d-wide residual / norm tensors; the attention projections (q, k, v, output,
-  MLA latents); the attention logits and probabilities in fp32 plus a compute-dtype copy over
-  every key (dense attention materialises [heads, T, T]) or over the top-k keys under DSA (none
-  with the compiled TPU / GPU kernels, which keep a log-sum-exp); the feed-forward's gate, up and
-  product (k routed + shared experts for MoE, plus the dispatched token copies). Then the fp32
-  logits, log-probs, probabilities and logit gradients of the vocabulary. Head-, mlp- and
-  vocab-wide terms are divided by the "tensor" axis size. On XLA:CPU the compiled temporaries
-  of small dense models come out ~1.5x this.
+  Per layer without rematerialisation: ~6 d-wide residual / norm tensors; the attention
+  projections (q, k, v, output, MLA latents); the attention logits and probabilities in fp32
+  plus a compute-dtype copy over every key (dense attention materialises [heads, T, T]) or over
+  the top-k keys under DSA (none with the compiled TPU / GPU kernels, which keep a log-sum-exp);
+  the feed-forward's gate, up and product (k routed + shared experts for MoE, plus the
+  dispatched token copies). Then the fp32 logits, log-probs, probabilities and logit gradients
+  of the vocabulary. Head-, mlp- and vocab-wide terms are divided by the "tensor" axis size.
+
+  The layer being differentiated also holds gradients as large as its activations. `remat`
+  (default cfg.remat; models/remat.py): every layer keeps its input and what the policy saves
+  (`_layer_activation_bytes`), and the layer being differentiated holds about its whole set
+  while its forward is recomputed and differentiated. Offloaded tensors are not counted here
+  (see `offloaded_activation_bytes_per_token`). Checked against XLA:CPU's compiled peak of
+  small dense and MLA models (tests/test_planner.py); the CPU's MoE path computes every expert
+  densely, so MoE models compile to ~1.5x this there.
   """
+  remat = cfg.remat if remat is None else remat
+  layers = [_layer_activation_bytes(cfg, i, length, tensor, kernel_backend, remat)
+            for i in range(cfg.n_layers)]
+  vocab = 16 * cfg.vocab_size / tensor
+  widest = max(layer["all"] for layer in layers)
+  if remat == "none":
+    return sum(layer["all"] for layer in layers) + widest + vocab
+  return sum(layer["device"] for layer in layers) + widest + vocab
+
+
+def offloaded_activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1,
+                                         kernel_backend: str = "tpu",
+                                         remat: str | None = None) -> float:
+  """Analytic bytes per token the offloading remat policies keep in pinned host memory."""
+  remat = cfg.remat if remat is None else remat
+  return sum(_layer_activation_bytes(cfg, i, length, tensor, kernel_backend, remat)["host"]
+             for i in range(cfg.n_layers))
+
+
+def _layer_activation_bytes(cfg: ModelConfig, layer: int, length: int, tensor: int,
+                            kernel_backend: str, remat: str) -> dict[str, float]:
+  """Per token of one layer: "all" it would keep without remat, "device" / "host" what it
+  keeps in device / host memory under `remat`. Saved matmul outputs: the projections, the d-wide
+  attention and feed-forward outputs, the gate and up products (2/3 of the feed-forward term)
+  and, for "dots", the attention scores (a matmul with batch dimensions)."""
   b = jnp.dtype(cfg.dtype).itemsize
   d, h = cfg.d_model, cfg.n_heads
   if cfg.attention == "gqa":
@@ -158,18 +185,22 @@ def activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1
       keys = length
     proj = latent * b + wide * b / tensor
   scores = (8 + b) * h * keys / tensor + (4 * h + 4 * cfg.index_topk if cfg.dsa else 0)
-  per_layer_common = 6 * d * b + proj + scores
-  dense_ffn = 3 * cfg.mlp_dim * b / tensor
-  total = 0.0
-  for layer in range(cfg.n_layers):
-    if cfg.is_moe_layer(layer):
-      experts = cfg.n_experts_per_tok + cfg.n_shared_experts
-      ffn = (3 * experts * cfg.moe_mlp_dim * b / tensor + 2 * cfg.n_experts_per_tok * d * b
-             + 4 * cfg.n_experts)
-    else:
-      ffn = dense_ffn
-    total += per_layer_common + ffn
-  return total + 16 * cfg.vocab_size / tensor
+  if cfg.is_moe_layer(layer):
+    experts = cfg.n_experts_per_tok + cfg.n_shared_experts
+    ffn = (3 * experts * cfg.moe_mlp_dim * b / tensor + 2 * cfg.n_experts_per_tok * d * b
+           + 4 * cfg.n_experts)
+  else:
+    ffn = 3 * cfg.mlp_dim * b / tensor
+  keep_all = 6 * d * b + proj + scores + ffn
+  layer_input = d * b
+  dots_no_batch = proj + 2 * d * b + 2 * ffn / 3
+  saved = {"none": keep_all - layer_input, "full": 0.0, "dots_no_batch": dots_no_batch,
+           "dots": dots_no_batch + b * h * keys / tensor,
+           "names": len(remat_lib.parse_names(cfg.remat_names)) * d * b}
+  offloaded = {"offload_names": "names", "offload_dots_no_batch": "dots_no_batch"}
+  if remat in offloaded:
+    return {"all": keep_all, "device": layer_input, "host": saved[offloaded[remat]]}
+  return {"all": keep_all, "device": layer_input + saved[remat], "host": 0.0}
 
 
 def _replicated_params(params, shardings, mesh, min_bytes: int = 1 << 20) -> list:
@@ -218,11 +249,14 @@ def _compiled_memory(config, mesh, graphdef, params, rest, param_shardings, opti
       ts.policy_objective, graphdef, rest_values, optimizer,
       micro_batches=config.train.micro_batches, rl=config.rl.to_dict(),
       state_sharding=state_shardings, batch_sharding=batch_shardings,
+      offload_optimizer=bool(config.optim.offload_state),
       temperature=max(config.rollout.temperature, 1e-6), max_len=config.rollout.max_new_tokens)
   full_batch = {k: jax.ShapeDtypeStruct((v.shape[0] * config.train.micro_batches, *v.shape[1:]),
                                         v.dtype) for k, v in batch.items()}
+  # XLA:CPU would otherwise undo the rematerialisation (models/remat.py).
+  options = remat_lib.CPU_KEEP_REMAT if jax.default_backend() == "cpu" else None
   with jax.set_mesh(mesh):
-    analysis = update.lower(state, full_batch).compile().memory_analysis()
+    analysis = update.lower(state, full_batch).compile(compiler_options=options).memory_analysis()
   fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
             "temp_size_in_bytes")
   out = {f.replace("_size_in_bytes", ""): int(getattr(analysis, f)) for f in fields}
@@ -239,7 +273,12 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   """
   common.validate(config)
   cfg = common.model_config(config)
-  mesh, concrete = mesh_for(config)
+  plan = None
+  if config.mesh.auto:  # the best mesh of models/planner.py for the config's remat / offload
+    from models import planner
+    plan = planner.best_mesh(config, config.mesh.devices or jax.device_count(),
+                             planner.device_kind(config.mesh.device_kind))
+  mesh, concrete = mesh_for(config, plan.mesh if plan else None)
   if compile_step and not concrete:
     raise ValueError(f"cannot compile: the mesh needs {mesh.size} devices, "
                      f"{jax.device_count()} here")
@@ -306,7 +345,13 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   if backend == "auto":  # kernels/__init__.py: the reference on CPU, compiled kernels elsewhere
     backend = "reference" if concrete and jax.default_backend() == "cpu" else "compiled"
   per_token = activation_bytes_per_token(cfg, length, tensor=tensor, kernel_backend=backend)
+  host_per_token = offloaded_activation_bytes_per_token(cfg, length, tensor=tensor,
+                                                        kernel_backend=backend)
+  offload_state = bool(config.optim.offload_state)
   out.update(
+      remat=cfg.remat, planned=plan is not None, offload_optimizer=offload_state,
+      host_bytes_per_device=(host_per_token * tokens_per_device
+                             + (out["optimizer_bytes_per_device"] if offload_state else 0)),
       sequence_length=length, prompt_len=prompt_len, micro_batch_rows=rows,
       tokens_per_device=tokens_per_device, batch_shards=batch_axes,
       activation_bytes_per_token=per_token,
@@ -314,7 +359,8 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
       batch_bytes_per_device=tree_bytes(batch, batch_shardings) * config.train.micro_batches,
       kv_cache_bytes_per_sequence=cache_lib.cache_bytes(cfg, 1, length),
       max_seq_len=cfg.max_seq_len)
-  out["static_bytes_per_device"] = (param_bytes + out["optimizer_bytes_per_device"]
+  out["static_bytes_per_device"] = (param_bytes
+                                    + (0 if offload_state else out["optimizer_bytes_per_device"])
                                     + out["gradient_bytes_per_device"]
                                     + out["reference_bytes_per_device"] + critic_bytes)
   out["total_bytes_per_device"] = (out["static_bytes_per_device"]
@@ -343,7 +389,7 @@ def format_report(r: dict[str, Any]) -> list[str]:
            else "on the local devices")
   lines = [
       f"model {r['model']} | algorithm {r['algorithm']} | mesh {mesh} "
-      f"({r['devices']} devices, {where})",
+      f"({r['devices']} devices, {where}{'; planned: config.mesh.auto' if r['planned'] else ''})",
       f"parameters: {_count(r['params_total'])} total, {_count(r['params_active'])} active per "
       f"token ({r['param_dtype']})",
       f"params      {_gib(r['param_bytes_per_device'])}/device "
@@ -361,7 +407,8 @@ def format_report(r: dict[str, Any]) -> list[str]:
     lines.append(f"critic      {_gib(r['critic_bytes_per_device'])}/device (params, "
                  "optimiser, gradients)")
   lines += [
-      f"activations {_gib(r['activation_bytes_per_device'])}/device (analytic, no remat: "
+      f"activations {_gib(r['activation_bytes_per_device'])}/device (analytic, remat "
+      f"{r['remat']}: "
       f"micro-batch of {r['micro_batch_rows']} x {r['sequence_length']} tokens = "
       f"{r['tokens_per_device']:.0f} tokens/device x "
       f"{r['activation_bytes_per_token'] / 2**20:.2f} MiB)",
@@ -370,6 +417,10 @@ def format_report(r: dict[str, Any]) -> list[str]:
       f"kv cache    {_gib(r['kv_cache_bytes_per_sequence'])} per sequence of "
       f"{r['sequence_length']} tokens",
   ]
+  if r["host_bytes_per_device"]:
+    what = "activations and optimiser state" if r["offload_optimizer"] else "activations"
+    lines.append(f"host        {_gib(r['host_bytes_per_device'])}/device in pinned host memory "
+                 f"(offloaded {what})")
   if r["updates_round_away"]:
     lines.append(f"WARNING: parameters are {r['param_dtype']}: Adam steps of ~lr are below half "
                  "an ulp of a typical weight and round away (use param_dtype float32)")

@@ -62,6 +62,9 @@ def main(argv):
   elif config.job == "sft":
     from rl import sft
     sft.run(config, workdir)
+  elif config.job == "o1_coder":
+    from rl.search import selfplay
+    selfplay.run(config, workdir)
   else:
     from rl import pipeline
     pipeline.run_sft_then_rl(config, workdir)

@@ -123,10 +123,12 @@ class MLAttention(nnx.Module):
 
   def __call__(self, x, positions, mask, layer_cache=None, start=None, *,
                absorbed: bool | None = None, kernel_backend: str = "auto",
-               indexer_stage: str | None = None, token_mask=None):
+               indexer_stage: str | None = None, token_mask=None, segment_ids=None):
     """`indexer_stage` (DSA, no cache) adds the indexer's KL loss to the returned aux:
     "dense_warmup" attends densely and fits the indexer to the dense attention; "sparse"
-    attends over the indexer's top-k and fits it there (models.dsa.indexer_loss)."""
+    attends over the indexer's top-k and fits it there (models.dsa.indexer_loss).
+    `segment_ids` [B, T] (packed sequences, no cache; `mask` already keeps attention inside a
+    segment) keep the indexer's top-k inside each query's segment too."""
     cfg = self.cfg
     nope, rope = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
     if self.wq is None:
@@ -176,7 +178,7 @@ class MLAttention(nnx.Module):
       index_k_cache = None if layer_cache is None else layer_cache["index_k"]
       indices, index_scores, index_k_cache = self.indexer(
           x, q_latent, positions, index_k_cache=index_k_cache, start=start,
-          kernel_backend=kernel_backend)
+          kernel_backend=kernel_backend, segment_ids=segment_ids)
       if new_cache is not None:
         new_cache["index_k"] = index_k_cache
       out_latent, lse = kernels.sparse_mla(q_full, latent, indices, scale=cfg.softmax_scale,

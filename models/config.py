@@ -12,6 +12,8 @@ import dataclasses
 import math
 from typing import Any
 
+from models import remat as remat_lib
+
 ATTENTION_KINDS = ("gqa", "mla")
 ROUTERS = ("softmax", "sigmoid_noaux")
 DISPATCHES = ("ragged", "dense")
@@ -77,6 +79,11 @@ class ModelConfig:
   dtype: str = "float32"  # activation / compute dtype
   param_dtype: str = "float32"
   init_std: float = 0.02
+  # --- Training memory (models/remat.py) ---
+  # What each decoder layer keeps for the backward pass: a `remat.REMAT_POLICIES` entry.
+  remat: str = "none"
+  # Comma-separated activation tags kept by remat="names" / moved to host by "offload_names".
+  remat_names: str = "attn_out,mlp_out"
 
   def __post_init__(self):
     _validate(self)
@@ -200,6 +207,9 @@ def _validate(c: ModelConfig) -> None:
       _fail("n_shared_experts", c.n_shared_experts, "must be >= 0")
   if c.yarn_factor < 1.0:
     _fail("yarn_factor", c.yarn_factor, "must be >= 1 (1 disables YaRN)")
+  why = remat_lib.check_policy(c.remat, c.remat_names)
+  if why:
+    _fail("remat", c.remat, why)
   if c.tie_embeddings and c.head != "lm":
     _fail("tie_embeddings", c.tie_embeddings, "only an LM head can tie to the embedding")
 

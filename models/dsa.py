@@ -49,11 +49,12 @@ class Indexer(nnx.Module):
     return q, k, w
 
   def __call__(self, x, q_latent, positions, *, index_k_cache=None, start=None,
-               kernel_backend: str = "auto"):
+               kernel_backend: str = "auto", segment_ids=None):
     """Returns (indices [B,T,K] int32, scores [B,T,K] fp32, updated index-key cache or None).
 
-    Without a cache, keys are this call's tokens and query t may pick keys <= t; with a cache,
-    the new keys are written at slots start[b] + t and query t may pick slots <= start[b] + t.
+    Without a cache, keys are this call's tokens and query t may pick keys <= t (of its own
+    segment when `segment_ids` [B,T] mark packed sequences); with a cache, the new keys are
+    written at slots start[b] + t and query t may pick slots <= start[b] + t.
     """
     q, k, w = self.scores_inputs(x, q_latent, positions)
     if index_k_cache is not None:
@@ -63,6 +64,7 @@ class Indexer(nnx.Module):
       keys, offset = k, 0
     indices, scores = kernels.lightning_indexer(q, keys, w, topk=self.cfg.index_topk,
                                                 causal=True, q_offset=offset,
+                                                segment_ids=segment_ids,
                                                 backend=kernel_backend)
     return indices, scores, index_k_cache
 

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models import cache as cache_lib
+from models import remat as remat_lib
 from models.attention import make_attention
 from models.config import ModelConfig, get_config
 from models.layers import MLP, Dense, Embed, RMSNorm
@@ -44,19 +45,23 @@ class DecoderLayer(nnx.Module):
     self.mlp = MoE(cfg, rngs=rngs) if self.is_moe else MLP(cfg, cfg.mlp_dim, rngs=rngs)
 
   def __call__(self, x, positions, mask, *, layer_cache=None, start=None, expert_ids=None,
-               token_mask=None, kernel_backend="auto", moe_dispatch=None, indexer_stage=None):
+               token_mask=None, kernel_backend="auto", moe_dispatch=None, indexer_stage=None,
+               segment_ids=None):
     extra = {} if indexer_stage is None else {"indexer_stage": indexer_stage,
                                               "token_mask": token_mask}
-    attn_out, new_cache, attn_aux = self.attn(self.attn_norm(x), positions, mask, layer_cache,
+    if segment_ids is not None:
+      extra["segment_ids"] = segment_ids
+    attn_in = remat_lib.tag(self.attn_norm(x), "attn_in")
+    attn_out, new_cache, attn_aux = self.attn(attn_in, positions, mask, layer_cache,
                                               start, kernel_backend=kernel_backend, **extra)
-    x = x + attn_out
-    h = self.mlp_norm(x)
+    x = x + remat_lib.tag(attn_out, "attn_out")
+    h = remat_lib.tag(self.mlp_norm(x), "mlp_in")
     if self.is_moe:
       mlp_out, ids, stats = self.mlp(h, expert_ids=expert_ids, token_mask=token_mask,
                                      dispatch=moe_dispatch)
     else:
       mlp_out, ids, stats = self.mlp(h), None, None
-    return x + mlp_out, new_cache, ids, stats, attn_aux
+    return x + remat_lib.tag(mlp_out, "mlp_out"), new_cache, ids, stats, attn_aux
 
 
 class Transformer(nnx.Module):
@@ -93,7 +98,8 @@ class Transformer(nnx.Module):
       tokens: int32 [B, T].
       positions: int32 [B, T] RoPE positions (default 0..T-1); ignored with a cache, where row b's
         tokens sit at positions cache["lengths"][b] + t.
-      segment_ids: int32 [B, T] for packed sequences: attention stays inside a segment.
+      segment_ids: int32 [B, T] for packed sequences (no cache): attention, and the DSA
+        indexer's top-k, stay inside a segment; give each document positions from 0.
       cache: a KV cache from `init_cache`; the new tokens are appended and the updated cache
         returned.
       num_new: int32 [B] how many of the T tokens are real per row (right-padded prefill);
@@ -121,10 +127,9 @@ class Transformer(nnx.Module):
       idx = jnp.arange(steps)
       mask = jnp.broadcast_to(idx[None, :] <= idx[:, None], (batch, steps, steps))
       if segment_ids is not None:
-        if cfg.dsa:
-          raise ValueError("segment_ids (packed sequences) are not supported with dsa=True: "
-                           "the indexer's top-k would cross document boundaries")
         mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    if segment_ids is not None and cache is not None:
+      raise ValueError("segment_ids (packed sequences) are a training input: no KV cache")
     if routing is not None and routing.shape[2] != cfg.n_moe_layers:
       raise ValueError(f"routing has {routing.shape[2]} MoE layers, the model has "
                        f"{cfg.n_moe_layers}")
@@ -133,14 +138,20 @@ class Transformer(nnx.Module):
     new_layers, all_ids, all_stats, index_topk, index_scores = [], [], [], [], []
     index_losses, index_metrics = [], []
     moe_index = 0
+
+    def run_layer(layer, x, layer_cache, expert_ids):
+      return layer(x, positions, mask, layer_cache=layer_cache, start=start,
+                   expert_ids=expert_ids, token_mask=token_mask, kernel_backend=kernel_backend,
+                   moe_dispatch=moe_dispatch, indexer_stage=indexer_stage,
+                   segment_ids=segment_ids)
+    if cache is None:  # training and scoring: what the backward pass keeps (models/remat.py)
+      run_layer = remat_lib.rematerialise(run_layer, cfg.remat, cfg.remat_names)
     for i, layer in enumerate(self.layers):
       expert_ids = None
       if routing is not None and layer.is_moe:
         expert_ids = routing[:, :, moe_index]
-      x, layer_cache, ids, stats, aux = layer(
-          x, positions, mask, layer_cache=None if cache is None else cache["layers"][i],
-          start=start, expert_ids=expert_ids, token_mask=token_mask,
-          kernel_backend=kernel_backend, moe_dispatch=moe_dispatch, indexer_stage=indexer_stage)
+      x, layer_cache, ids, stats, aux = run_layer(
+          layer, x, None if cache is None else cache["layers"][i], expert_ids)
       new_layers.append(layer_cache)
       if layer.is_moe:
         moe_index += 1
@@ -186,10 +197,19 @@ def build(cfg: ModelConfig | str, *, seed: int = 0, **overrides: Any) -> Transfo
   return Transformer(cfg, rngs=nnx.Rngs(params=seed))
 
 
+class ShapeOnlyRngs:
+  """Stands in for nnx.Rngs where only shapes matter. nnx.Rngs bumps a counter Variable per
+  draw, and inside a trace each bump formats an error message that walks the whole trace (jax
+  0.10): quadratic, minutes for the 61-layer 671B model. One fixed key gives the same shapes."""
+
+  def params(self) -> jax.Array:
+    return jax.random.key(0)
+
+
 @functools.lru_cache(maxsize=32)
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
   """Total and per-token active parameter counts, computed abstractly (no allocation)."""
-  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0)))
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=ShapeOnlyRngs()))
   params = nnx.state(abstract, nnx.Param)
   total = sum(_numel(x.shape) for x in jax.tree.leaves(params))
   inactive = 0

@@ -223,9 +223,10 @@ def _batch_indices(num_examples: int, batch_size: int, seed: int) -> Iterator[np
     stream = stream[batch_size:]
 
 
-def _fit(name: str, objective: Callable, model, data: dict[str, np.ndarray], *, steps: int,
-         batch_size: int, lr: float, weight_decay: float, grad_clip: float, seed: int,
-         log_every: int, static: tuple = ()) -> tuple[nnx.State, dict[str, float]]:
+def fit_objective(name: str, objective: Callable, model, data: dict[str, np.ndarray], *,
+                  steps: int, batch_size: int, lr: float, weight_decay: float,
+                  grad_clip: float, seed: int, log_every: int,
+                  static: tuple = ()) -> tuple[nnx.State, dict[str, float]]:
   """Runs `steps` optimiser steps on row-aligned `data`: (params, metrics), the metrics being
   the first step's loss and each step metric averaged over the last tenth (<= 10 steps)."""
   graphdef, params, rest = split_model(model)
@@ -255,7 +256,8 @@ def _fit(name: str, objective: Callable, model, data: dict[str, np.ndarray], *, 
   return params, summary
 
 
-def _width(sequences: Sequence[Sequence[int]], multiple: int = 16) -> int:
+def padded_width(sequences: Sequence[Sequence[int]], multiple: int = 16) -> int:
+  """The longest sequence's length rounded up to `multiple` (one compiled shape per bucket)."""
   return -(-max(len(s) for s in sequences) // multiple) * multiple
 
 
@@ -283,15 +285,15 @@ def train_bt_rm(model, tokenizer, train: Sequence[PreferencePair],
   rm = BradleyTerryRM(model, tokenizer, batch_size=2 * batch_size)
   chosen = [rm.encode(p.prompt, p.chosen) for p in train]
   rejected = [rm.encode(p.prompt, p.rejected) for p in train]
-  width = _width(chosen + rejected)
+  width = padded_width(chosen + rejected)
   data = {}
   for side, sequences in (("chosen", chosen), ("rejected", rejected)):
     data[f"tokens_{side}"], data[f"lengths_{side}"] = pad_batch(sequences, length=width,
                                                                 pad_id=tokenizer.pad_id)
   accuracy_start = bt_accuracy(rm, heldout)
-  params, metrics = _fit("bt", _bt_objective, model, data, steps=steps, batch_size=batch_size,
-                         lr=lr, weight_decay=weight_decay, grad_clip=grad_clip, seed=seed,
-                         log_every=log_every)
+  params, metrics = fit_objective("bt", _bt_objective, model, data, steps=steps,
+                                  batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+                                  grad_clip=grad_clip, seed=seed, log_every=log_every)
   trained = BradleyTerryRM((rm.graphdef, params, rm.rest), tokenizer, batch_size=2 * batch_size)
   metrics.update(heldout_accuracy_start=accuracy_start,
                  heldout_accuracy=bt_accuracy(trained, heldout))
@@ -333,14 +335,14 @@ def train_judge(model, tokenizer, examples: Sequence[JudgeExample],
                     use_chat_template=use_chat_template)
   sequences = [rm.encode(e.prompt) for e in examples]
   data = {}
-  data["tokens"], data["lengths"] = pad_batch(sequences, length=_width(sequences),
+  data["tokens"], data["lengths"] = pad_batch(sequences, length=padded_width(sequences),
                                               pad_id=tokenizer.pad_id)
   data["yes"] = np.array([e.yes for e in examples], bool)
   accuracy_start = judge_accuracy(rm, heldout)
-  params, metrics = _fit("judge", _judge_objective, model, data, steps=steps,
-                         batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-                         grad_clip=grad_clip, seed=seed, log_every=log_every,
-                         static=(("yes_id", rm.yes_id), ("no_id", rm.no_id)))
+  params, metrics = fit_objective("judge", _judge_objective, model, data, steps=steps,
+                                  batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+                                  grad_clip=grad_clip, seed=seed, log_every=log_every,
+                                  static=(("yes_id", rm.yes_id), ("no_id", rm.no_id)))
   trained = GenerativeRM((rm.graphdef, params, rm.rest), tokenizer, batch_size=2 * batch_size,
                          use_chat_template=use_chat_template)
   accuracy = judge_accuracy(trained, heldout)
@@ -380,7 +382,7 @@ def dpo_rows(tokenizer, pairs: Sequence[PreferencePair], width: int | None = Non
     prompts.append(len(prompt))
     for side in sequences:
       sequences[side].append(prompt + tokenizer.encode(getattr(pair, side)) + [tokenizer.eos_id])
-  width = width or _width(sequences["chosen"] + sequences["rejected"])
+  width = width or padded_width(sequences["chosen"] + sequences["rejected"])
   rows = {}
   for side, side_sequences in sequences.items():
     rows[f"tokens_{side}"], lengths = pad_batch(side_sequences, length=width,
@@ -444,10 +446,10 @@ def train_dpo(policy, tokenizer, train: Sequence[PreferencePair],
             f"heldout_accuracy{suffix}": float(np.mean(margin > 0))}
 
   start_metrics = heldout_metrics(reference_params, "_start")
-  params, metrics = _fit("dpo", _dpo_objective, policy, data, steps=steps,
-                         batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-                         grad_clip=grad_clip, seed=seed, log_every=log_every,
-                         static=(("beta", beta),))
+  params, metrics = fit_objective("dpo", _dpo_objective, policy, data, steps=steps,
+                                  batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+                                  grad_clip=grad_clip, seed=seed, log_every=log_every,
+                                  static=(("beta", beta),))
   metrics.update(start_metrics)
   metrics.update(heldout_metrics(params, ""))
   return nnx.merge(graphdef, params, rest), metrics

@@ -41,7 +41,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from models import sharding as sharding_lib
 from models.tokenizer import pad_batch
-from rl import sampling
+from rl import quant, sampling
 from rl.types import Trajectories
 
 _TRACES: collections.Counter = collections.Counter()
@@ -134,7 +134,8 @@ def _engine_fn(graphdef, spec: _EngineSpec):
   def run(state, rng, context_ids, context_lens, uids, generated_before, max_new, stop_table,
           n_real):
     _TRACES[(graphdef, spec, context_ids.shape)] += 1
-    model = nnx.merge(graphdef, state)
+    # An FP8 sampler state (rl/quant.py) enters as codes + scales and is dequantised here.
+    model = nnx.merge(graphdef, quant.dequantize_state(state))
     cfg = model.cfg
     n_seqs, prompt_width = context_ids.shape
     width = prompt_width + spec.new_tokens

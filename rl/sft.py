@@ -2,6 +2,11 @@
 AdamW with warm-up and cosine decay (Seed-Thinking-v1.5: peak 2e-5 decaying to 2e-6 at full
 scale), epochs over the data, held-out loss, and an orbax checkpoint `{"params": ...}` that an
 RL run reads through `config.init_checkpoint`.
+
+Rows are `config.sft.max_len` tokens (0: the longest example); a longer example loses the end of
+its response (counted and logged). With `config.sft.pack` several examples share a row:
+each keeps positions from 0 and a segment id, so attention and the DSA indexer's top-k stay
+inside its own document, and the packed loss is the sum of the separate examples' losses.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +43,68 @@ def sft_examples(entries, tokenizer, template: str) -> list[tuple[list[int], lis
   return list(zip(prompts, responses))
 
 
+def fit_examples(examples, max_len: int) -> tuple[list[tuple[list[int], list[int]]], dict]:
+  """Cuts responses so that prompt + response <= max_len; an example whose prompt alone leaves
+  no response token is dropped. Returns (examples, {"truncated", "dropped"})."""
+  kept, counts = [], {"truncated": 0, "dropped": 0}
+  for prompt, response in examples:
+    room = max_len - len(prompt)
+    if room < 1:
+      counts["dropped"] += 1
+      continue
+    if len(response) > room:
+      counts["truncated"] += 1
+      response = response[:room]
+    kept.append((prompt, response))
+  return kept, counts
+
+
+def pack_rows(lengths: Sequence[int], order: Sequence[int], width: int, *,
+              open_rows: int = 32) -> list[list[int]]:
+  """Example indices per row of `width` tokens, in `order`: first fit among the `open_rows`
+  most recently opened rows (bounded work per example; a full scan over every row costs
+  O(examples x rows)), else a new row."""
+  rows: list[list[int]] = []
+  room: list[int] = []
+  for index in order:
+    length = lengths[index]
+    if length > width:
+      raise ValueError(f"example {index} has {length} tokens, more than the row width {width}")
+    for r in range(max(0, len(rows) - open_rows), len(rows)):
+      if room[r] >= length:
+        rows[r].append(index)
+        room[r] -= length
+        break
+    else:
+      rows.append([index])
+      room.append(width - length)
+  return rows
+
+
+def make_packed_batch(examples, rows: Sequence[Sequence[int]], pad_id: int,
+                      width: int) -> dict[str, np.ndarray]:
+  """Rows of several examples each: tokens, loss_mask (response tokens), token_mask (real
+  tokens), segment_ids (1, 2, ... per example; 0 on padding) and positions (from 0 in every
+  example)."""
+  batch = {"tokens": np.full((len(rows), width), pad_id, np.int32),
+           "loss_mask": np.zeros((len(rows), width), np.float32),
+           "token_mask": np.zeros((len(rows), width), np.float32),
+           "segment_ids": np.zeros((len(rows), width), np.int32),
+           "positions": np.zeros((len(rows), width), np.int32)}
+  for b, row in enumerate(rows):
+    start = 0
+    for segment, index in enumerate(row, start=1):
+      prompt, response = examples[index]
+      end = start + len(prompt) + len(response)
+      batch["tokens"][b, start:end] = prompt + response
+      batch["loss_mask"][b, start + len(prompt):end] = 1.0
+      batch["token_mask"][b, start:end] = 1.0
+      batch["segment_ids"][b, start:end] = segment
+      batch["positions"][b, start:end] = np.arange(end - start)
+      start = end
+  return batch
+
+
 def make_batch(examples, pad_id: int, width: int) -> dict[str, np.ndarray]:
   """Right-padded tokens [B, W] and a loss mask that is 1 on response tokens only."""
   seqs = [p + r for p, r in examples]
@@ -49,7 +117,8 @@ def make_batch(examples, pad_id: int, width: int) -> dict[str, np.ndarray]:
 
 
 def response_nll(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array) -> jax.Array:
-  """Summed NLL of the masked tokens (token t predicted from position t - 1)."""
+  """Summed NLL of the masked tokens (token t predicted from position t - 1; in a packed row
+  the first token of an example is a prompt token, so no loss crosses a boundary)."""
   logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32))
   logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
   return -jnp.sum(logp * loss_mask[:, 1:])
@@ -63,14 +132,29 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   entries, heldout = load_entries(c)
   train_ex = sft_examples(entries, tokenizer, c.data.prompt_template)
   eval_ex = sft_examples(heldout, tokenizer, c.data.prompt_template)
-  width = max(len(p) + len(r) for p, r in train_ex + eval_ex)
-  width = -(-width // 8) * 8
+  width = s.max_len or -(-max(len(p) + len(r) for p, r in train_ex + eval_ex) // 8) * 8
+  train_ex, train_cut = fit_examples(train_ex, width)
+  eval_ex, eval_cut = fit_examples(eval_ex, width)
+  for name, cut in (("training", train_cut), ("held-out", eval_cut)):
+    if cut["truncated"] or cut["dropped"]:
+      logging.warning("SFT %s examples over config.sft.max_len=%d tokens: %d truncated, %d "
+                      "dropped (prompt alone too long)", name, width, cut["truncated"],
+                      cut["dropped"])
+  if not train_ex or not eval_ex:
+    raise ValueError(f"config.sft.max_len={width}: no SFT example fits")
 
   common.check_single_device_run(c)
   model = common.build_policy(c)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  steps_per_epoch = max(len(train_ex) // s.batch_size, 1)
-  total = s.epochs * steps_per_epoch
+  rng = np.random.default_rng(c.seed)
+  epoch_orders = [rng.permutation(len(train_ex)) for _ in range(s.epochs)]
+  if s.pack:  # rows of several examples; the schedule needs every epoch's row count up front
+    lengths = [len(p) + len(r) for p, r in train_ex]
+    epoch_rows = [pack_rows(lengths, order, width) for order in epoch_orders]
+  else:
+    epoch_rows = [[[int(i)] for i in order] for order in epoch_orders]
+  steps_per_epoch = [max(len(rows) // s.batch_size, 1) for rows in epoch_rows]
+  total = sum(steps_per_epoch)
   schedule = optax.warmup_cosine_decay_schedule(0.0, s.lr, min(s.warmup_steps, total - 1),
                                                 total, end_value=s.lr * s.final_lr_fraction)
   optimizer = optax.chain(optax.clip_by_global_norm(1.0),
@@ -80,8 +164,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   dsa = common.model_config(c).dsa
 
   def loss_fn(params, batch, stage):
-    out = nnx.merge(graphdef, params, rest).forward(batch["tokens"], indexer_stage=stage,
-                                                    token_mask=batch["token_mask"])
+    out = nnx.merge(graphdef, params, rest).forward(
+        batch["tokens"], indexer_stage=stage, token_mask=batch["token_mask"],
+        positions=batch.get("positions"), segment_ids=batch.get("segment_ids"))
     loss = response_nll(out.logits, batch["tokens"], batch["loss_mask"]) / jnp.maximum(
         jnp.sum(batch["loss_mask"][:, 1:]), 1.0)
     if stage is None:
@@ -121,17 +206,19 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       nll, count = nll + float(a), count + float(b)
     return nll / max(count, 1.0)
 
-  rng = np.random.default_rng(c.seed)
   metrics = {"sft/eval_loss_start": eval_loss(params)}
-  logging.info("SFT: %d examples, %d steps, eval loss %.4f", len(train_ex), total,
+  logging.info("SFT: %d examples in rows of %d tokens (%.1f per row), %d steps, eval loss %.4f",
+               len(train_ex), width, len(train_ex) / max(len(epoch_rows[0]), 1), total,
                metrics["sft/eval_loss_start"])
   t0 = time.perf_counter()
   step = 0
-  for epoch in range(s.epochs):
-    order = rng.permutation(len(train_ex))
-    for i in range(steps_per_epoch):
-      idx = order[i * s.batch_size:(i + 1) * s.batch_size]
-      batch = make_batch([train_ex[j] for j in idx], tokenizer.pad_id, width)
+  for epoch, rows in enumerate(epoch_rows):
+    for i in range(steps_per_epoch[epoch]):
+      batch_rows = rows[i * s.batch_size:(i + 1) * s.batch_size]
+      if s.pack:
+        batch = make_packed_batch(train_ex, batch_rows, tokenizer.pad_id, width)
+      else:
+        batch = make_batch([train_ex[r[0]] for r in batch_rows], tokenizer.pad_id, width)
       stage = stage_at(step)
       params, opt_state, loss, aux = train_step(params, opt_state, batch, stage)
       step += 1

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from models import remat as remat_lib
 from rl import losses
 from rl.sampling import masked_logprobs, unpack_sample_mask
 
@@ -148,11 +149,15 @@ def critic_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: d
 
 def make_update(objective: Callable, graphdef, rest, optimizer: optax.GradientTransformation, *,
                 micro_batches: int, rl: dict, state_sharding=None, batch_sharding=None,
-                **objective_kwargs) -> Callable:
+                offload_optimizer: bool = False, **objective_kwargs) -> Callable:
   """A jitted `update(state, minibatch) -> (state, metrics)` with gradient accumulation.
 
   `state_sharding` / `batch_sharding` (pytrees of NamedSharding, or None to let XLA choose)
   pin the layouts; the state is donated.
+
+  `offload_optimizer`: the optimiser state lives in pinned host memory between steps (pass it
+  there, e.g. `jax.device_put(opt_state, remat.host_shardings(state_sharding.opt_state))`)
+  and comes onto the device only for the update (models/remat.py); needs `state_sharding`.
 
   A step whose loss or gradient is non-finite leaves the state unchanged and reports
   `skipped = 1` (the trainer counts these and stops a run that keeps producing them).
@@ -162,7 +167,17 @@ def make_update(objective: Callable, graphdef, rest, optimizer: optax.GradientTr
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
+  if offload_optimizer:
+    if state_sharding is None:
+      raise ValueError("offload_optimizer=True needs state_sharding (the optimiser state's "
+                       "device layout, moved to pinned host memory between steps)")
+    opt_on_device = remat_lib.device_shardings(state_sharding.opt_state)
+    opt_on_host = remat_lib.host_shardings(state_sharding.opt_state)
+    state_sharding = state_sharding._replace(opt_state=opt_on_host)
+
   def update(state: TrainState, minibatch: dict):
+    if offload_optimizer:
+      state = state._replace(opt_state=jax.device_put(state.opt_state, opt_on_device))
     counts = dict(global_counts(minibatch, rl),
                   micro_batches=jnp.asarray(micro_batches, jnp.float32))
     micros = _split_micro(minibatch, micro_batches)
@@ -187,6 +202,8 @@ def make_update(objective: Callable, graphdef, rest, optimizer: optax.GradientTr
                              TrainState(new_params, new_opt, state.step + 1), state)
     metrics = dict(metrics, loss=loss, grad_norm=grad_norm,
                    skipped=(~finite).astype(jnp.float32))
+    if offload_optimizer:
+      new_state = new_state._replace(opt_state=jax.device_put(new_state.opt_state, opt_on_host))
     return new_state, metrics
 
   if state_sharding is None and batch_sharding is None:

@@ -25,13 +25,17 @@ from models.tokenizer import load_tokenizer
 from models.transformer import Transformer
 from rl import advantages as adv_lib
 from rl import losses
+from rl import quant
 from rl import rollout as rollout_lib
 from rl import train_step as ts
-from rl.data.entries import encode_prompts, load_entries
+from rl.data.curriculum import PromptCurriculum
+from rl.data.entries import encode_prompts, load_entries, prompt_of
 from rl.checkpoint import Checkpointer
 from rl.rewards import manager
 from rl.rewards.shaping import overlong_penalty, place_on_last_token
 from rl.sampling import masked_logprobs, unpack_sample_mask
+from rl.tools import reward as tool_reward
+from rl.tools.hook import ToolUse
 
 
 class MetricsWriter:
@@ -60,30 +64,30 @@ class MetricsWriter:
       self.tb.close()
 
 
-# ======================================================================== Data
-
-def step_prompt_indices(seed: int, step: int, batch: int, num_prompts: int) -> np.ndarray:
-  """Deterministic in (seed, step): a resumed run draws exactly the prompts it would have."""
-  return np.random.default_rng([seed, step]).choice(num_prompts, size=batch, replace=False)
-
-
 # ======================================================================== Reward
 
-def score_trajectories(traj, entries, tokenizer, cfg) -> dict[str, np.ndarray]:
+def score_trajectories(traj, entries, tokenizer, cfg, tool_use=None) -> dict[str, np.ndarray]:
   """Decodes responses, grades them (rl/rewards/manager.py: model output is never evaluated in
-  this process) and shapes the reward."""
+  this process) and shapes the reward. Tool-use episodes (`tool_use`, rl/tools/hook.py) are
+  graded by their environment's verifier, optionally mixed with a judge, and keep their
+  per-row episode statistics (turns, tool calls and errors) in the result."""
   tokens = np.asarray(traj.tokens)
   resp_mask = np.asarray(traj.response_mask).astype(bool)
   lengths = resp_mask.sum(-1)
-  responses = [tokenizer.decode(tokens[n][resp_mask[n]]) for n in range(len(tokens))]
-  acc = manager.score_responses(entries, responses)
+  episode_stats = {}
+  if tool_use is not None:
+    episode_stats = tool_use.score(traj, entries)
+    acc, reward = episode_stats.pop("acc"), episode_stats.pop("reward")
+  else:
+    responses = [tokenizer.decode(tokens[n][resp_mask[n]]) for n in range(len(tokens))]
+    acc = reward = manager.score_responses(entries, responses)
   rl = cfg.rl
-  scores = 2.0 * acc - 1.0 if rl.reward_mode == "dapo" else acc.copy()
+  scores = 2.0 * reward - 1.0 if rl.reward_mode == "dapo" else reward.copy()
   if rl.overlong_buffer:
     scores = scores + np.asarray(overlong_penalty(
         jnp.asarray(lengths), max_len=cfg.rollout.max_new_tokens, buffer=rl.overlong_buffer,
         factor=rl.overlong_factor))
-  return {"acc": acc, "scores": scores.astype(np.float32), "lengths": lengths}
+  return {"acc": acc, "scores": scores.astype(np.float32), "lengths": lengths, **episode_stats}
 
 
 def concat_trajectories(parts):
@@ -117,11 +121,20 @@ class Trainer:
     self.model_cfg = common.model_config(c)
 
     # -------------------------------------------------------------- Data
-    self.train_entries, self.heldout_entries = load_entries(c)
-    self.train_prompts = encode_prompts(self.train_entries, self.tokenizer,
-                                        c.data.prompt_template)
-    self.heldout_prompts = encode_prompts(self.heldout_entries, self.tokenizer,
+    self.tools = ToolUse(c, self.tokenizer) if c.tools.enabled else None
+    if self.tools is not None:  # tasks of tool environments, under their chat prompt
+      self.train_entries, self.heldout_entries = self.tools.entries()
+      self.train_prompts = self.tools.encode(self.train_entries)
+      self.heldout_prompts = self.tools.encode(self.heldout_entries)
+    else:
+      self.train_entries, self.heldout_entries = load_entries(c)
+      self.train_prompts = encode_prompts(self.train_entries, self.tokenizer,
                                           c.data.prompt_template)
+      self.heldout_prompts = encode_prompts(self.heldout_entries, self.tokenizer,
+                                            c.data.prompt_template)
+    # Which prompts each step draws (deterministic in seed and step; config.data.curriculum).
+    self.curriculum = PromptCurriculum(c.data, self.train_entries, seed=c.seed,
+                                       exclude=[prompt_of(e) for e in self.heldout_entries])
 
     # -------------------------------------------------------------- Model and optimiser
     common.check_single_device_run(c)
@@ -149,6 +162,11 @@ class Trainer:
     if c.init_checkpoint:
       self._load_init(c.init_checkpoint)
     self._maybe_resume()
+    if self.tools is not None and c.tools.warm_start_steps and not self.start_step and (
+        not c.init_checkpoint):  # cold start on expert tool-use transcripts (deterministic)
+      self.state = ts.init_state(self.tools.warm_start(
+          self.graphdef, self.state.params, self.rest, self.train_entries, self.train_prompts),
+          self.optimizer)
     # A copy: the policy update donates (and so invalidates) the state's buffers on GPU/TPU.
     self.ref_params = jax.tree.map(jnp.copy, self.state.params) if self._kl_on() else None
 
@@ -171,6 +189,9 @@ class Trainer:
     self.eval_cfg = self.rollout_cfg.replace(greedy=c.rollout.eval_temperature == 0,
                                              temperature=c.rollout.eval_temperature or 1.0,
                                              keep_sampling_mask=False, keep_routing=False)
+    self.sampler_weights = (quant.SamplerWeights(c.rollout.weight_dtype,
+                                                 block_size=c.rollout.weight_block_size)
+                            if c.rollout.weight_dtype else None)
     self.writer = MetricsWriter(workdir)
 
   def _kl_on(self) -> bool:
@@ -191,6 +212,8 @@ class Trainer:
     self.state, self.rest = restored["policy"], restored["rest"]
     self.critic = restored.get("critic", self.critic)
     self.start_step, self.bad_steps = record["step"], record["bad_steps"]
+    self.curriculum.load_state_dict(record.get("curriculum", {"mode": ""}))  # older: uniform
+    self._follow_curriculum()
     logging.info("resumed from %s at step %d", self.checkpointer.directory, self.start_step)
 
   def _load_init(self, directory: str) -> None:
@@ -205,13 +228,30 @@ class Trainer:
 
   def save(self, step: int, *, force: bool = False) -> None:
     self.checkpointer.save(step, self._checkpoint_state(),
-                           {"step": step, "bad_steps": self.bad_steps}, force=force)
+                           {"step": step, "bad_steps": self.bad_steps,
+                            "curriculum": self.curriculum.state_dict()}, force=force)
+
+  def _follow_curriculum(self) -> None:
+    """Takes up the curriculum's training entries when it regenerated them (a new level)."""
+    if self.curriculum.entries is self.train_entries:
+      return
+    self.train_entries = self.curriculum.entries
+    if self.tools is not None:
+      self.train_prompts = self.tools.encode(self.train_entries)
+    else:
+      self.train_prompts = encode_prompts(self.train_entries, self.tokenizer,
+                                          self.config.data.prompt_template)
 
   # ---------------------------------------------------------------------- Rollout
   def _rollout(self, step: int, batch_index: int, entries_idx: np.ndarray):
     c = self.config
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(c.seed), step), batch_index)
     prompts = [self.train_prompts[i] for i in entries_idx]
+    if self.tools is not None:
+      return self.tools.generate(self.graphdef, self._policy_state(), prompts,
+                                 [self.train_entries[i] for i in entries_idx], rng,
+                                 self.rollout_cfg, num_samples=c.train.samples_per_prompt,
+                                 policy_version=step)
     traj = rollout_lib.generate(self.graphdef, self._policy_state(), prompts, rng,
                                 self.rollout_cfg, num_samples=c.train.samples_per_prompt,
                                 policy_version=step)
@@ -219,7 +259,11 @@ class Trainer:
     return traj, group_entries
 
   def _policy_state(self):
-    """The full model state (parameters + router biases) the rollout engine merges."""
+    """The full model state (parameters + router biases) the rollout engine merges; with
+    config.rollout.weight_dtype set, its big matmul weights quantised (rl/quant.py), once per
+    weight update."""
+    if self.sampler_weights is not None:
+      return self.sampler_weights(self.state.params, self.rest)
     return nnx.merge_state(self.state.params, self.rest)
 
   def collect(self, step: int) -> tuple[Any, dict, dict]:
@@ -237,13 +281,12 @@ class Trainer:
             f"batches ({stats['groups_seen']} groups seen): most groups are all-correct or "
             "all-wrong. Raise max_num_gen_batches, change the data difficulty, or set "
             "config.rl.dynamic_sampling=False.")
-      idx = step_prompt_indices(c.seed + stats["gen_batches"], step, want,
-                                len(self.train_prompts))
+      idx = self.curriculum.draw(step, stats["gen_batches"], want)
       t0 = time.perf_counter()
       traj, entries = self._rollout(step, stats["gen_batches"], idx)
       jax.block_until_ready(traj.tokens)
       t1 = time.perf_counter()
-      rewards = score_trajectories(traj, entries, self.tokenizer, c)
+      rewards = score_trajectories(traj, entries, self.tokenizer, c, self.tools)
       t_rollout += t1 - t0
       t_reward += time.perf_counter() - t1
       stats["gen_batches"] += 1
@@ -263,12 +306,17 @@ class Trainer:
         kept.append(jax.tree.map(lambda x: np.asarray(x)[rows], traj))
         kept_rewards.append({k: v[rows] for k, v in rewards.items()})
       if not stats.get("first"):
-        stats["first"] = rewards
+        stats["first"], first_entries = rewards, entries
     traj = concat_trajectories(kept)
     rewards = {k: np.concatenate([r[k] for r in kept_rewards]) for k in kept_rewards[0]}
     first = stats.pop("first")
     stats.update(t_rollout=t_rollout, t_reward=t_reward, raw_acc=float(first["acc"].mean()),
                  raw_len_mean=float(first["lengths"].mean()))
+    # The first generation batch is the step's unfiltered sample (dynamic sampling would bias).
+    stats["curriculum"] = self.curriculum.observe(step, first_entries, first["acc"])
+    self._follow_curriculum()
+    if self.tools is not None:  # per-environment success, turns, tool errors (first batch)
+      stats.update(tool_reward.episode_metrics(first))
     return traj, rewards, stats
 
   # ---------------------------------------------------------------------- Advantages
@@ -334,7 +382,11 @@ class Trainer:
     c = self.config
     tokens = np.asarray(traj.tokens)
     width = tokens.shape[1]
-    total_len = np.asarray(traj.prompt_lens) + np.asarray(traj.response_mask).sum(-1)
+    # Attend up to each row's last policy token: tool results inside the response (mask 0)
+    # make prompt_len + sum(mask) too short, and tokens after it carry no loss.
+    resp = np.asarray(traj.response_mask).astype(bool)
+    last_policy = np.where(resp.any(-1), width - np.argmax(resp[:, ::-1], -1), 0)
+    total_len = np.maximum(np.asarray(traj.prompt_lens), last_policy)
     batch = {
         "tokens": tokens,
         "response_mask": np.asarray(traj.response_mask, np.float32),
@@ -358,12 +410,22 @@ class Trainer:
       batch["kl_coef"] = np.full((len(tokens),), beta, np.float32)
     return batch
 
+  def _sampler_logp_gap(self, batch: dict) -> dict[str, float]:
+    """|trainer - sampler| log-prob of the sampled response tokens, before the update: how far
+    a quantised sampler's logp_old is from the trainer's own."""
+    if not hasattr(self, "_trainer_logprobs"):
+      self._trainer_logprobs = self._forward_fn(self.graphdef, self.rest)
+    logp = self._trainer_logprobs(self.state.params, jnp.asarray(batch["tokens"]),
+                                  batch.get("routing"), batch.get("sample_mask"))
+    return quant.logp_gap(logp, batch["logp_old"], batch["response_mask"])
+
   def update(self, step: int, batch: dict) -> dict[str, float]:
     c = self.config
     n = len(batch["tokens"])
     rng = np.random.default_rng([c.seed, step, 7])
     actor_on = step >= c.rl.critic_warmup_steps or self.critic is None
     sums: dict[str, float] = {}
+    gap = self._sampler_logp_gap(batch) if self.sampler_weights is not None else {}
     count = 0
     for _ in range(c.rl.ppo_epochs):
       order = rng.permutation(n)
@@ -379,7 +441,7 @@ class Trainer:
         for k, v in jax.device_get(metrics).items():
           sums[k] = sums.get(k, 0.0) + float(v)
         count += 1
-    out = {k: v / count for k, v in sums.items()}
+    out = {**{k: v / count for k, v in sums.items()}, **gap}
     out["skipped"] = sums.get("skipped", 0.0) + sums.get("critic/skipped", 0.0)
     return out
 
@@ -388,10 +450,15 @@ class Trainer:
     """Greedy held-out accuracy of the current policy."""
     entries = entries if entries is not None else self.heldout_entries
     prompts = prompts if prompts is not None else self.heldout_prompts
-    traj = rollout_lib.generate(self.graphdef, self._policy_state(), prompts,
-                                jax.random.key(0), self.eval_cfg, num_samples=1)
-    rewards = score_trajectories(traj, [entries[g] for g in np.asarray(traj.group_id)],
-                                 self.tokenizer, self.config)
+    if self.tools is not None:
+      traj, row_entries = self.tools.generate(self.graphdef, self._policy_state(), prompts,
+                                              entries, jax.random.key(0), self.eval_cfg,
+                                              num_samples=1)
+    else:
+      traj = rollout_lib.generate(self.graphdef, self._policy_state(), prompts,
+                                  jax.random.key(0), self.eval_cfg, num_samples=1)
+      row_entries = [entries[g] for g in np.asarray(traj.group_id)]
+    rewards = score_trajectories(traj, row_entries, self.tokenizer, self.config, self.tools)
     return float(rewards["acc"].mean())
 
   # ---------------------------------------------------------------------- Loop
@@ -435,6 +502,8 @@ class Trainer:
           "time/update": t2 - t1, "time/step": t2 - t0,
           "tokens_per_s": generated * stats["raw_len_mean"] / max(stats["t_rollout"], 1e-9),
           **metrics,
+          **{k: v for k, v in stats.items() if k.startswith("tools/")},
+          **stats["curriculum"],
       }
       if c.train.eval_every and (step + 1) % c.train.eval_every == 0:
         last["heldout_acc"] = self.evaluate()
@@ -449,6 +518,8 @@ class Trainer:
     self.save(c.train.steps, force=True)
     self.checkpointer.close()
     self.writer.close()
+    if self.tools is not None:
+      self.tools.runner.close()
     return last
 
 

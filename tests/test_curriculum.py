@@ -195,3 +195,77 @@ def test_state_round_trip_gives_identical_decisions():
   fresh = make_curricula()
   assert drive(*fresh, steps=range(7, 20)) != expected
   assert any(levels["maze"] > 0 for _, _, levels in expected)
+
+
+# ----------------------------------------------------------------------------- PromptCurriculum
+
+def data_section(**changes):
+  from configs import common
+  c = common.base_config()
+  for key, value in changes.items():
+    c.data[key] = value
+  return c.data
+
+
+def records_of(counts):
+  return [{"prompt": f"{domain}{i}", "domain": domain} for domain, n in counts.items()
+          for i in range(n)]
+
+
+def test_uniform_curriculum_draws_what_the_trainer_always_drew():
+  """No curriculum: the draw is the seeded uniform choice without replacement, so existing runs
+  (and their resumes) draw the same prompts as before the curriculum existed."""
+  entries = records_of({"math": 30})
+  cur = curriculum.PromptCurriculum(data_section(), entries, seed=3)
+  for step, batch_index in [(0, 0), (5, 2)]:
+    want = np.random.default_rng([3 + batch_index, step]).choice(30, size=8, replace=False)
+    np.testing.assert_array_equal(cur.draw(step, batch_index, 8), want)
+
+
+def test_staged_curriculum_draws_by_stage_weights():
+  entries = records_of({"code": 20, "math": 20, "logic": 20})
+  cur = curriculum.PromptCurriculum(
+      data_section(curriculum="staged", curriculum_stages="0:code=1; 10:code=1,math=3"),
+      entries, seed=0)
+  first = [entries[i]["domain"] for i in cur.draw(3, 0, 16)]
+  assert first == ["code"] * 16
+  later = [entries[i]["domain"] for i in cur.draw(12, 0, 16)]
+  assert later.count("code") == 4 and later.count("math") == 12
+  metrics = cur.observe(12, [entries[i] for i in cur.draw(12, 0, 16)], np.ones(16))
+  assert metrics == {"curriculum/weight/code": 0.25, "curriculum/weight/math": 0.75}
+  with pytest.raises(ValueError, match="names domains \\['general'\\]"):
+    curriculum.PromptCurriculum(
+        data_section(curriculum="staged", curriculum_stages="0:general=1"), entries, seed=0)
+
+
+def test_online_curriculum_moves_weight_to_learnable_domains_and_resumes():
+  entries = records_of({"code": 20, "math": 20})
+  cur = curriculum.PromptCurriculum(data_section(curriculum="online"), entries, seed=0)
+  batch = [entries[i] for i in range(0, 40, 2)]
+  acc = np.array([1.0 if e["domain"] == "code" else (i % 2) for i, e in enumerate(batch)])
+  cur.observe(0, batch, acc)  # code saturated (1.0), math at 0.5
+  weights = cur.weights(1)
+  assert weights["math"] > 0.9 and weights["code"] == pytest.approx(0.05)
+  restored = curriculum.PromptCurriculum(data_section(curriculum="online"), entries, seed=0)
+  restored.load_state_dict(json.loads(json.dumps(cur.state_dict())))
+  np.testing.assert_array_equal(restored.draw(1, 0, 16), cur.draw(1, 0, 16))
+
+
+def test_difficulty_curriculum_raises_the_level_and_regenerates_after_resume():
+  from rl.data.entries import prompt_of
+  from rl.rewards import puzzles
+  data = data_section(curriculum="difficulty", difficulty=0, train_size=50,
+                      curriculum_threshold=0.75, curriculum_window=2)
+  heldout = {prompt_of(e) for e in puzzles.make("arithmetic", size=50, seed=99, difficulty=1)}
+  entries = puzzles.make("arithmetic", size=50, seed=0, difficulty=0)
+  cur = curriculum.PromptCurriculum(data, entries, seed=0, exclude=heldout)
+  assert cur.observe(0, entries[:4], np.ones(4)) == {"curriculum/level": 0.0}
+  assert cur.observe(1, entries[:4], np.array([1, 1, 0, 1])) == {"curriculum/level": 1.0}
+  assert {e["difficulty"] for e in cur.entries} == {1}
+  assert not {prompt_of(e) for e in cur.entries} & heldout
+  restored = curriculum.PromptCurriculum(data, entries, seed=0, exclude=heldout)
+  restored.load_state_dict(json.loads(json.dumps(cur.state_dict())))
+  assert restored.entries == cur.entries
+  np.testing.assert_array_equal(restored.draw(2, 0, 8), cur.draw(2, 0, 8))
+  with pytest.raises(ValueError, match="curriculum is 'difficulty'"):
+    curriculum.PromptCurriculum(data_section(), entries, seed=0).load_state_dict(cur.state_dict())

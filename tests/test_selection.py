@@ -21,10 +21,13 @@ def fake_generate(prompts, n):
   return [[f"{p['prompt']}:{k % 3}" for k in range(n)] for p in prompts]
 
 
-def even_verifier(entry, response):
-  i = int(entry["prompt"][1:])
-  k = int(response.split(":")[1])
-  return 1.0 if i % 2 == 0 and k % 2 == 0 else 0.0
+def even_verifier(entries, responses):
+  """Batched, like the reward manager: one score per (entry, response)."""
+  scores = []
+  for entry, response in zip(entries, responses):
+    i, k = int(entry["prompt"][1:]), int(response.split(":")[1])
+    scores.append(1.0 if i % 2 == 0 and k % 2 == 0 else 0.0)
+  return scores
 
 
 def test_rejection_sample_keeps_verified_unique_responses(tmp_path):

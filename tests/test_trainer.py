@@ -77,6 +77,30 @@ def test_first_update_on_fresh_data_is_on_policy(demo_run):
     assert r["clipfrac_high"] == 0.0 and r["clipfrac_low"] == 0.0, r
 
 
+def test_rejection_sampling_from_the_sft_checkpoint_writes_verified_sft_data(demo_run, tmp_path):
+  """The rollout engine samples N per prompt from the SFT checkpoint; exactly the responses the
+  verifier accepts are written, and the file reads back as SFT examples of its responses."""
+  from rl.data import rejection
+  from rl import sft
+  from rl.data import sources
+  from rl.rewards import manager
+  from models.tokenizer import load_tokenizer
+  out = str(tmp_path / "rs.jsonl")
+  config = small_config()
+  stats = rejection.sample_and_keep(config, os.path.join(demo_run[0], "sft"), n=4,
+                                    out_path=out, limit=16, batch_prompts=8)
+  assert stats["total"] == 64 and stats["prompts"] == 16
+  assert 0 < stats["kept"] <= stats["total"]
+  records, _ = sources.load_records(out)
+  assert len(records) == stats["kept"]
+  assert len({r["prompt"] for r in records}) == stats["prompts_with_correct"]
+  assert manager.score_responses(records, [r["response"] for r in records]).tolist() == [
+      1.0] * len(records)
+  tokenizer = load_tokenizer("byte")
+  examples = sft.sft_examples(records, tokenizer, config.data.prompt_template)
+  assert [tokenizer.decode(r) for _, r in examples] == [r["response"] for r in records]
+
+
 @pytest.mark.parametrize("algorithm", ["dapo", "vapo", "grpo_v32"])
 def test_three_steps_of_each_recipe(algorithm, demo_run, tmp_path):
   """Finite losses, no skipped steps, parameters move, the recipe's own metrics are written."""
@@ -165,16 +189,27 @@ def test_dynamic_sampling_gives_up_with_a_clear_error(tmp_path):
 
 
 def test_killed_run_resumes_to_the_same_result(demo_run, tmp_path):
-  """Three steps straight vs two steps, a 'kill', and a rerun of the same command."""
+  """Three steps straight vs two steps, a 'kill', and a rerun of the same command; with a
+  difficulty curriculum whose level rises after the first step, so the resumed run must also
+  restore the curriculum (its level and regenerated training set) from the checkpoint."""
   sft_ckpt = os.path.join(demo_run[0], "sft", "checkpoints")
-  straight = Trainer(small_config(init_checkpoint=sft_ckpt, job="rl"), str(tmp_path / "a"))
+  curriculum = {"data.curriculum": "difficulty", "data.curriculum_window": 1,
+                "data.curriculum_threshold": 0.01,
+                # The small SFT model solves no level-1 sum: keep all-wrong groups.
+                "rl.dynamic_sampling": False}
+  straight = Trainer(small_config(init_checkpoint=sft_ckpt, job="rl", **curriculum),
+                     str(tmp_path / "a"))
   straight.run()
-  first = Trainer(small_config(init_checkpoint=sft_ckpt, job="rl", **{"train.steps": 2}),
-                  str(tmp_path / "b"))
+  first = Trainer(small_config(init_checkpoint=sft_ckpt, job="rl", **{"train.steps": 2},
+                               **curriculum), str(tmp_path / "b"))
   first.run()
-  resumed = Trainer(small_config(init_checkpoint=sft_ckpt, job="rl"), str(tmp_path / "b"))
+  resumed = Trainer(small_config(init_checkpoint=sft_ckpt, job="rl", **curriculum),
+                    str(tmp_path / "b"))
   assert resumed.start_step == 2
+  assert resumed.curriculum.state_dict() == first.curriculum.state_dict()
+  assert resumed.train_entries == first.train_entries
   resumed.run()
+  assert read_metrics(str(tmp_path / "a"))[0]["curriculum/level"] == 1.0
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, straight.state.params),
                jax.tree.map(np.asarray, resumed.state.params))
   a, b = read_metrics(str(tmp_path / "a")), read_metrics(str(tmp_path / "b"))

@@ -7,6 +7,8 @@
   clears a threshold over a window.
 * `Mixture`: draws each batch's records from per-domain record streams by the current weights,
   deterministically in (seed, step).
+* `PromptCurriculum`: what the RL trainer draws its prompts through (config.data.curriculum):
+  uniform, difficulty-raising, staged or online domain weights over its training entries.
 
 Every object has `state_dict()` (JSON-serialisable, for the checkpoint's JSON record) and
 `load_state_dict(d)`; an object restored from a state makes the same decisions as the original.
@@ -245,6 +247,31 @@ class DifficultyCurriculum:
 
 # ----------------------------------------------------------------------------- Mixture
 
+def domain_counts(weights: Mapping[str, float], domains: Sequence[str], batch_size: int, *,
+                  rng_seed) -> dict[str, int]:
+  """Items per domain of a `batch_size` batch drawn by `weights` (normalised here): floor of
+  each share, the remaining slots handed out by systematic sampling over the fractional parts,
+  so a domain gets floor or ceil of batch_size * w and exactly batch_size * w in expectation."""
+  missing = [d for d, w in weights.items() if w > 0 and d not in domains]
+  if missing:
+    raise ValueError(f"weights name domains without records: {missing}; "
+                     f"have {', '.join(domains)}")
+  probabilities = _normalized({d: weights.get(d, 0.0) for d in domains}, "domain weights")
+  exact = np.array([probabilities[d] * batch_size for d in domains])
+  # The tolerance lets a share that is a whole count up to rounding (0.7 * 10) be exactly it.
+  counts = np.floor(exact + 1e-9).astype(np.int64)
+  remainder = batch_size - int(counts.sum())
+  if remainder > 0:
+    # Systematic sampling: slots u, u+1, ... over the stacked fractional parts (each < 1)
+    # give each domain at most one extra record, with probability exactly its fraction.
+    fractional = np.maximum(exact - counts, 0.0)
+    edges = np.cumsum(fractional)
+    slots = np.random.default_rng(rng_seed).random() + np.arange(remainder)
+    winners = np.minimum(np.searchsorted(edges, slots, side="right"), len(domains) - 1)
+    np.add.at(counts, winners, 1)
+  return {domain: int(c) for domain, c in zip(domains, counts)}
+
+
 class Mixture:
   """Batches drawn from per-domain record streams by domain weights, reproducibly.
 
@@ -282,24 +309,7 @@ class Mixture:
 
   def counts(self, step: int, weights: Mapping[str, float], batch_size: int) -> dict[str, int]:
     """Records per domain in step `step`'s batch (see the class docstring)."""
-    missing = [d for d, w in weights.items() if w > 0 and d not in self._streams]
-    if missing:
-      raise ValueError(f"weights name domains without records: {missing}; "
-                       f"have {', '.join(self.domains)}")
-    probabilities = _normalized({d: weights.get(d, 0.0) for d in self.domains}, "Mixture")
-    exact = np.array([probabilities[d] * batch_size for d in self.domains])
-    # The tolerance lets a share that is a whole count up to rounding (0.7 * 10) be exactly it.
-    counts = np.floor(exact + 1e-9).astype(np.int64)
-    remainder = batch_size - int(counts.sum())
-    if remainder > 0:
-      # Systematic sampling: slots u, u+1, ... over the stacked fractional parts (each < 1)
-      # give each domain at most one extra record, with probability exactly its fraction.
-      fractional = np.maximum(exact - counts, 0.0)
-      edges = np.cumsum(fractional)
-      slots = np.random.default_rng([self.seed, step, 0]).random() + np.arange(remainder)
-      winners = np.minimum(np.searchsorted(edges, slots, side="right"), len(self.domains) - 1)
-      np.add.at(counts, winners, 1)
-    return {domain: int(c) for domain, c in zip(self.domains, counts)}
+    return domain_counts(weights, self.domains, batch_size, rng_seed=[self.seed, step, 0])
 
   def next_batch(self, step: int, weights: Mapping[str, float],
                  batch_size: int) -> list[dict[str, Any]]:
@@ -324,3 +334,153 @@ class Mixture:
     for domain, stream_state in state["streams"].items():
       self._iterators[domain] = iter(self._streams[domain])
       self._iterators[domain].set_state(stream_state)
+
+
+# ----------------------------------------------------------------------------- The trainer's
+
+CURRICULA = ("", "difficulty", "staged", "online")
+
+
+def domain_of(entry: Mapping[str, Any]) -> str:
+  """A generated puzzle's task, else a prompt record's domain."""
+  return entry.get("task") or entry.get("domain", "math")
+
+
+def parse_stages(text: str) -> list[tuple[int, dict[str, float]]]:
+  """"0:code=1;200:code=1,math=1" -> [(0, {"code": 1.0}), (200, {"code": 1.0, "math": 1.0})]."""
+  stages = []
+  for part in filter(None, (p.strip() for p in text.split(";"))):
+    start, _, spec = part.partition(":")
+    weights = {}
+    for item in filter(None, (i.strip() for i in spec.split(","))):
+      domain, _, weight = item.partition("=")
+      try:
+        weights[domain.strip()] = float(weight)
+      except ValueError:
+        raise ValueError(f"curriculum stage {part!r}: {item!r} is not domain=weight") from None
+    try:
+      stages.append((int(start), weights))
+    except ValueError:
+      raise ValueError(f"curriculum stage {part!r}: {start!r} is not a start step") from None
+  return stages
+
+
+class PromptCurriculum:
+  """Which training entries each RL generation batch draws, per config.data.curriculum:
+
+  * "": uniformly without replacement, deterministic in (seed, step, generation batch).
+  * "difficulty" (generated puzzles): the task's level starts at config.data.difficulty and
+    rises when the step accuracy averages >= curriculum_threshold over curriculum_window steps
+    (`DifficultyCurriculum`); the training set is then generated afresh at the new level (its
+    own seed; any prompt also in `exclude`, the held-out set, removed).
+  * "staged": domain weights from config.data.curriculum_stages ("0:code=1;200:code=1,math=1",
+    `StagedSchedule`); "online": weights from recent per-domain accuracy (`OnlineAdaptation`).
+    Each batch takes `domain_counts` of each domain, uniformly within it.
+
+  `observe(entries, acc)` feeds a step's verifier accuracy of every sampled response (before any
+  dynamic-sampling filter, which would bias it); `state_dict()` goes into the checkpoint's JSON
+  record, so a resumed run draws exactly the prompts of an uninterrupted one.
+  """
+
+  def __init__(self, data: Any, entries: Sequence[Mapping[str, Any]], *, seed: int,
+               exclude: Sequence[str] = ()):
+    self.mode, self.seed = data.curriculum, seed
+    if self.mode not in CURRICULA:
+      raise ValueError(f"config.data.curriculum={self.mode!r}: must be one of {CURRICULA}")
+    self.data = data
+    self.exclude = set(exclude)
+    self.entries = list(entries)
+    self.schedule = self.adaptation = self.difficulty = None
+    if self.mode == "difficulty":
+      if data.source != "puzzles":
+        raise ValueError("config.data.curriculum='difficulty' raises the level of generated "
+                         "puzzles: it needs config.data.source='puzzles'")
+      self.difficulty = DifficultyCurriculum.for_puzzles(
+          [data.task], threshold=data.curriculum_threshold, window=data.curriculum_window,
+          start={data.task: data.difficulty})
+    elif self.mode == "staged":
+      self.schedule = StagedSchedule(parse_stages(data.curriculum_stages))
+    elif self.mode == "online":
+      self.adaptation = OnlineAdaptation(sorted({domain_of(e) for e in self.entries}))
+    self._index()
+
+  def _index(self) -> None:
+    self.by_domain: dict[str, np.ndarray] = collections.defaultdict(list)
+    for i, entry in enumerate(self.entries):
+      self.by_domain[domain_of(entry)].append(i)
+    self.by_domain = {d: np.asarray(v) for d, v in sorted(self.by_domain.items())}
+    if self.schedule is not None:
+      named = {d for _, weights in self.schedule.stages for d, w in weights.items() if w > 0}
+      missing = sorted(named - set(self.by_domain))
+      if missing:
+        raise ValueError(f"config.data.curriculum_stages names domains {missing} without "
+                         f"training entries (have {', '.join(self.by_domain)})")
+
+  def _regenerate(self, level: int) -> None:
+    from rl.data.entries import prompt_of
+    from rl.rewards import puzzles
+    fresh = puzzles.make(self.data.task, size=self.data.train_size,
+                         seed=self.seed + 7919 * (level + 1), difficulty=level)
+    self.entries = [e for e in fresh if prompt_of(e) not in self.exclude]
+    if not self.entries:
+      raise ValueError(f"{self.data.task} level {level}: every generated problem is held out")
+    self._index()
+
+  def weights(self, step: int) -> dict[str, float] | None:
+    if self.schedule is not None:
+      return self.schedule.weights(step)
+    if self.adaptation is not None:
+      return self.adaptation.weights()
+    return None
+
+  def draw(self, step: int, batch_index: int, size: int) -> np.ndarray:
+    """Indices into `self.entries` of one generation batch of `size` prompts."""
+    weights = self.weights(step)
+    if weights is None:
+      rng = np.random.default_rng([self.seed + batch_index, step])
+      return rng.choice(len(self.entries), size=size, replace=size > len(self.entries))
+    counts = domain_counts(weights, list(self.by_domain), size,
+                           rng_seed=[self.seed, step, batch_index, 0])
+    picked = []
+    for k, (domain, count) in enumerate(counts.items()):
+      pool = self.by_domain[domain]
+      rng = np.random.default_rng([self.seed, step, batch_index, k + 1])
+      picked.append(rng.choice(pool, size=count, replace=count > len(pool)))
+    order = np.random.default_rng([self.seed, step, batch_index, 0, 1]).permutation(size)
+    return np.concatenate(picked)[order]
+
+  def observe(self, step: int, entries: Sequence[Mapping[str, Any]],
+              acc: np.ndarray) -> dict[str, float]:
+    """Folds in step `step`'s accuracies; returns curriculum metrics (the level, or the domain
+    weights this step drew by)."""
+    acc = np.asarray(acc, np.float64)
+    domains = np.array([domain_of(e) for e in entries])
+    per_domain = {d: float(acc[domains == d].mean()) for d in sorted(set(domains.tolist()))}
+    metrics = {f"curriculum/weight/{d}": w for d, w in (self.weights(step) or {}).items()}
+    if self.difficulty is not None:
+      if self.difficulty.update({self.data.task: per_domain[self.data.task]}):
+        self._regenerate(self.difficulty.level(self.data.task))
+      metrics["curriculum/level"] = float(self.difficulty.level(self.data.task))
+    if self.adaptation is not None:
+      self.adaptation.update(per_domain)
+    return metrics
+
+  def state_dict(self) -> dict[str, Any]:
+    state: dict[str, Any] = {"mode": self.mode}
+    if self.difficulty is not None:
+      state["difficulty"] = self.difficulty.state_dict()
+    if self.adaptation is not None:
+      state["adaptation"] = self.adaptation.state_dict()
+    return state
+
+  def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    if state.get("mode", "") != self.mode:
+      raise ValueError(f"the checkpoint's curriculum is {state.get('mode')!r}, the config's "
+                       f"{self.mode!r}")
+    if self.difficulty is not None:
+      before = self.difficulty.level(self.data.task)
+      self.difficulty.load_state_dict(state["difficulty"])
+      if self.difficulty.level(self.data.task) != before:
+        self._regenerate(self.difficulty.level(self.data.task))
+    if self.adaptation is not None:
+      self.adaptation.load_state_dict(state["adaptation"])

@@ -38,18 +38,21 @@ def _check_samples(samples: Sequence[Any], index: int, name: str) -> None:
 
 def rejection_sample(prompts: Sequence[Record],
                      generate_fn: Callable[[Sequence[Record], int], Sequence[Sequence[str]]],
-                     verify_fn: Callable[[Record, str], float], *, n: int, out_path: str,
+                     verify_fn: Callable[[Sequence[Record], Sequence[str]], Sequence[float]],
+                     *, n: int, out_path: str,
                      min_score: float = 1.0, batch_size: int | None = None) -> dict[str, int]:
   """Samples `n` responses per prompt, keeps the verified ones and writes them as SFT jsonl.
 
   Rejection-sampling fine-tuning (Yuan et al., 2023, "Scaling relationship on learning
   mathematical reasoning"); the cold-start and SFT data of Seed-Thinking-v1.5 and
   DeepSeek-R1 are built this way. `generate_fn(prompts, n)` returns n response strings per
-  prompt; a response is kept when `verify_fn(record, response) >= min_score` (1.0: a correct
-  answer under the 0/1 rewards). Identical correct responses to one prompt are written once.
-  Each line is {"prompt", "response", "data_source", "domain"} plus "answer" when the record has
-  one. `batch_size` prompts go to `generate_fn` at a time (default: all). The file appears
-  complete or not at all (written beside, then renamed).
+  prompt; `verify_fn(records, responses)` grades aligned lists in one call (one batch of the
+  verifier, e.g. rl/rewards/manager.py::score_responses) and a response is kept when its score
+  is >= `min_score` (1.0: a correct answer under the 0/1 rewards). Identical correct responses
+  to one prompt are written once. Each line is the record with the kept "response" added (so
+  the file is again a prompt-record file the trainer and SFT read, its grader fields kept).
+  `batch_size` prompts go to `generate_fn` at a time (default: all). The file appears complete
+  or not at all (written beside, then renamed).
 
   Returns {"kept", "total" (responses sampled), "prompts", "prompts_with_correct"}.
   """
@@ -63,20 +66,24 @@ def rejection_sample(prompts: Sequence[Record],
       batch = prompts[start:start + batch_size]
       responses = generate_fn(batch, n)
       _check_aligned(batch, responses, "generate_fn output")
-      for offset, (record, samples) in enumerate(zip(batch, responses)):
+      for offset, samples in enumerate(responses):
         if len(samples) != n:
           raise ValueError(f"generate_fn gave {len(samples)} responses for prompt "
                            f"{start + offset}, expected {n}")
+      flat_records = [record for record in batch for _ in range(n)]
+      flat_responses = [r for samples in responses for r in samples]
+      scores = np.asarray(verify_fn(flat_records, flat_responses), np.float64)
+      if scores.shape != (len(flat_responses),):
+        raise ValueError(f"verify_fn gave {scores.shape} scores for {len(flat_responses)} "
+                         "responses")
+      for offset, (record, samples) in enumerate(zip(batch, responses)):
         stats["total"] += n
-        kept = dict.fromkeys(r for r in samples if verify_fn(record, r) >= min_score)
+        row_scores = scores[offset * n:(offset + 1) * n]
+        kept = dict.fromkeys(r for r, score in zip(samples, row_scores) if score >= min_score)
         stats["kept"] += len(kept)
         stats["prompts_with_correct"] += bool(kept)
         for response in kept:
-          line = {"prompt": record["prompt"], "response": response,
-                  "data_source": record.get("data_source"), "domain": record.get("domain")}
-          if record.get("answer") is not None:
-            line["answer"] = record["answer"]
-          f.write(json.dumps(line, ensure_ascii=False) + "\n")
+          f.write(json.dumps({**record, "response": response}, ensure_ascii=False) + "\n")
   os.replace(temporary_path, out_path)
   logging.info("rejection sampling: kept %d of %d responses; %d of %d prompts solved -> %s",
                stats["kept"], stats["total"], stats["prompts_with_correct"], stats["prompts"],

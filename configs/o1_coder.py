@@ -1,0 +1,76 @@
+"""O1-Coder on generated programming tasks with the tiny model, on CPU (rl/search/selfplay.py).
+
+  python launch/train.py --config=configs/o1_coder.py --workdir=/tmp/o1_coder
+  python launch/train.py --config=configs/o1_coder.py:pairwise       # pair-wise (BT) PRM
+  python launch/train.py --config=configs/o1_coder.py:test           # a minutes-long smoke run
+
+Stages: the test-case generator (SFT, then DPO on matched vs shuffled-output cases; metric: the
+fraction of its held-out cases the reference solution reproduces in the sandbox); the policy's
+SFT warm start on templated plan -> refine -> code paths (a quarter of them consistent but
+wrong, so search trees branch into good and bad steps); then `o1.iterations` rounds of MCTS
+reasoning-data synthesis, a PRM fit on D_process (held-out sibling-pair accuracy) and GRPO on
+phi = alpha(t) R + (1 - alpha(t)) mean_j gamma^j r_j. Policy pass rates are measured before and
+after. Tasks whose TCG cases the reference reproduces are graded on those cases. Everything is
+written to <workdir>/results.json. Needs the sandbox (`bash launch/setup_sandbox.sh`).
+"""
+
+import ml_collections
+
+from configs import common
+
+
+def get_config(arg: str = ""):
+  variant = arg or "pointwise"
+  if variant not in ("pointwise", "pairwise", "test"):
+    raise ValueError(f"configs/o1_coder.py:{arg}: the argument must be pointwise, pairwise or "
+                     "test")
+  c = common.base_config(preset="tiny_dense", algorithm="grpo")
+  c.job = "o1_coder"
+  c.rl.kl_coef = 0.0  # no reference model on CPU
+  c.rollout.max_new_tokens = 128  # the longest templated path is 123 tokens + eos
+  c.rollout.prompt_bucket = 64
+  c.sft.lr = 3e-3
+  c.optim.lr = 3e-4
+  c.optim.warmup_steps = 1
+  c.train.steps = 6
+  c.train.prompts_per_step = 8
+  c.train.samples_per_prompt = 4
+  c.train.log_every = 1
+  c.o1 = ml_collections.ConfigDict(dict(
+      heldout_fraction=0.25,  # of the generated tasks, never trained on
+      batch_size=16,  # SFT, DPO and PRM batches
+      # Test-case generator.
+      tcg_cases=3,
+      tcg_sft_steps=300,
+      tcg_dpo_steps=50,
+      tcg_dpo_lr=1e-4,  # higher rates push both responses down until no case parses
+      tests_per_task=4,  # trusted cases for tasks without valid TCG cases, and held-out tasks
+      # Policy warm start.
+      sft_examples=2000,
+      sft_steps=400,
+      distractor_fraction=0.25,
+      # Search.
+      iterations=1,
+      search_tasks=30,
+      simulations=10,
+      exploration=1.0,  # the UCT constant c
+      branching=3,  # samples per action when a node is expanded
+      max_refines=1,
+      compile_weight=0.2,  # a in v = a * compiled + (1 - a) * pass_rate
+      search_prompt_len=192,
+      # PRM.
+      prm_mode="pairwise" if variant == "pairwise" else "pointwise",
+      prm_steps=200,
+      prm_heldout_fraction=0.25,  # of the trees
+      # Reward aggregation.
+      alpha_start=1.0,
+      alpha_end=0.5,
+      process_gamma=0.9,
+      eval_samples=2,  # sampled paths per training task for the sampled pass rate
+  ))
+  if variant == "test":
+    c.train.steps = 2
+    c.train.prompts_per_step = 4
+    c.o1.update(tcg_sft_steps=20, tcg_dpo_steps=5, sft_examples=200, sft_steps=30,
+                search_tasks=4, simulations=3, branching=2, prm_steps=10, eval_samples=1)
+  return c.lock()

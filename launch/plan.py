@@ -1,0 +1,69 @@
+"""Sharding planner CLI: ranks meshes (data x fsdp x expert x tensor), remat policies and
+optimiser placements for a training config on N devices of a kind (models/planner.py).
+
+  python launch/plan.py --config=configs/deepseek_v32_moe_tpu.py --devices=256 \
+      --device_kind=tpu_v5p
+  python launch/plan.py --config=configs/deepseek_v32_moe_tpu.py --devices=8 --device_kind=h100 \
+      --remats=none,full --offload_optimizer=both --top=10
+
+Nothing is allocated or compiled: parameter sizes come from the abstract model and the
+logical-axis rules, the rest from the analytic estimates. Put the winning mesh in the config
+(`--config.mesh.shape.fsdp=...`), or set `--config.mesh.auto=True` to let `--dry_run` use the
+best plan for the config's own remat policy and optimiser placement.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:arg]).",
+                                          lock_config=True)
+_DEVICES = flags.DEFINE_integer("devices", 0, "Devices to plan for (0: the local count).")
+_DEVICE_KIND = flags.DEFINE_string("device_kind", "", "tpu_v5p or h100 ('': the local kind).")
+_REMATS = flags.DEFINE_string("remats", "none,dots_no_batch,names,full",
+                              "Comma-separated remat policies to try (models/remat.py).")
+_OFFLOAD = flags.DEFINE_enum("offload_optimizer", "no", ["no", "yes", "both"],
+                             "Optimiser state on the device, in pinned host memory, or both.")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", None, "Prompt tokens per sequence (default: "
+                                   "as launch/dry_run.py).")
+_ROLLOUT_BATCH = flags.DEFINE_integer("rollout_batch", 0, "Sequences decoded at once (0: all of a "
+                                     "step's prompts x samples).")
+_TOP = flags.DEFINE_integer("top", 15, "Rows of the ranking to print.")
+
+
+def main(argv):
+  del argv
+  import jax
+
+  from configs import common
+  from models import planner
+  config = _CONFIG.value
+  common.validate(config)
+  cfg = common.model_config(config)
+  device = planner.device_kind(_DEVICE_KIND.value)
+  devices = _DEVICES.value or jax.device_count()
+  work = planner.workload(config, prompt_len=_PROMPT_LEN.value,
+                          rollout_sequences=_ROLLOUT_BATCH.value)
+  offload = {"no": (False,), "yes": (True,), "both": (False, True)}[_OFFLOAD.value]
+  plans = planner.plan(cfg, work, devices, device, remats=_REMATS.value.split(","),
+                       offload_optimizer=offload)
+  fitting = sum(p.fits for p in plans)
+  print(f"{config.model.preset}: {devices} x {device.name} "
+        f"({device.hbm_bytes / 2**30:.0f} GiB HBM, {planner.USABLE_HBM_FRACTION:.0%} usable); "
+        f"{work.sequences} sequences x {work.length} tokens per step in {work.mini_batches} x "
+        f"{work.micro_batches} micro-batches, rollouts of {work.rollout_sequences} sequences; "
+        f"{len(plans)} plans, {fitting} fit")
+  print("memory in GiB per device (peak: the larger of the update and the rollout); "
+        "times in s per RL step (roofline)")
+  print("\n".join(planner.format_table(plans, _TOP.value)))
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  app.run(main)
