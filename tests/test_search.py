@@ -154,11 +154,16 @@ def test_process_records_and_normalisation():
   np.testing.assert_allclose(mcts.normalise_values([1.0, 3.0, 2.0]), [0.0, 1.0, 0.5])
 
 
-def test_search_config_checks():
+def test_search_config_checks(tmp_path):
   with pytest.raises(ValueError, match="simulations"):
     mcts.SearchConfig(simulations=0)
   with pytest.raises(ValueError, match="exploration"):
     mcts.SearchConfig(exploration=-1.0)
+  from configs import o1_coder
+  config = o1_coder.get_config("test")
+  config.o1.search_tasks = 10_000  # more than there are training tasks
+  with pytest.raises(ValueError, match="config.o1.search_tasks=10000: must be in \\[1, "):
+    selfplay.run(config, str(tmp_path))
 
 
 # ----------------------------------------------------------------------------- Tasks, paths

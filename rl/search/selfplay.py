@@ -240,6 +240,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   t_start = time.perf_counter()
   tokenizer = load_tokenizer(c.tokenizer)
   train_tasks, heldout_tasks = split_tasks(c.seed, o.heldout_fraction)
+  if not 0 < o.search_tasks <= len(train_tasks):
+    raise ValueError(f"config.o1.search_tasks={o.search_tasks}: must be in [1, "
+                     f"{len(train_tasks)}] (the training tasks, heldout_fraction="
+                     f"{o.heldout_fraction})")
   results: dict = {"train_tasks": len(train_tasks), "heldout_tasks": len(heldout_tasks)}
 
   def log_stage(name: str, metrics: dict) -> None:
