@@ -1,8 +1,14 @@
 """O1-Coder on generated programming tasks with the tiny model, on CPU (rl/search/selfplay.py).
 
-  python launch/train.py --config=configs/o1_coder.py --workdir=/tmp/o1_coder
-  python launch/train.py --config=configs/o1_coder.py:pairwise       # pair-wise (BT) PRM
+  python launch/train.py --config=configs/o1_coder.py --workdir=/tmp/o1_coder  # pair-wise PRM
+  python launch/train.py --config=configs/o1_coder.py:pointwise      # point-wise (BCE) PRM
   python launch/train.py --config=configs/o1_coder.py:test           # a minutes-long smoke run
+
+Measured 2026-11-23 (2-core CPU, 459 s): TCG metric 0.021 after SFT -> 0.098 after DPO; PRM
+held-out sibling-pair accuracy 0.37 untrained -> 0.65 (28 of 43 pairs; one-sided binomial
+p = 0.03 against chance); policy pass rate after one self-play iteration: held-out greedy
+0.65 -> 0.76, training tasks sampled 0.17 -> 0.42. The point-wise PRM with 30 search trees
+was at chance (0.52 on 29 pairs): it needs more search data than this config affords.
 
 Stages: the test-case generator (SFT, then DPO on matched vs shuffled-output cases; metric: the
 fraction of its held-out cases the reference solution reproduces in the sandbox); the policy's
@@ -20,7 +26,7 @@ from configs import common
 
 
 def get_config(arg: str = ""):
-  variant = arg or "pointwise"
+  variant = arg or "pairwise"
   if variant not in ("pointwise", "pairwise", "test"):
     raise ValueError(f"configs/o1_coder.py:{arg}: the argument must be pointwise, pairwise or "
                      "test")
@@ -51,8 +57,8 @@ def get_config(arg: str = ""):
       distractor_fraction=0.25,
       # Search.
       iterations=1,
-      search_tasks=30,
-      simulations=10,
+      search_tasks=50,  # every training task (of the 67 generated, 17 are held out)
+      simulations=15,
       exploration=1.0,  # the UCT constant c
       branching=3,  # samples per action when a node is expanded
       max_refines=1,
@@ -60,7 +66,7 @@ def get_config(arg: str = ""):
       search_prompt_len=192,
       # PRM.
       prm_mode="pairwise" if variant == "pairwise" else "pointwise",
-      prm_steps=200,
+      prm_steps=400,
       prm_heldout_fraction=0.25,  # of the trees
       # Reward aggregation.
       alpha_start=1.0,
