@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import pathlib
 import re
@@ -102,7 +101,7 @@ class ByteTokenizer:
 
   @property
   def vocab_size(self) -> int:
-    return _round_up(self.BYTE_OFFSET + 256, 8)
+    return round_up(self.BYTE_OFFSET + 256, 8)
 
   @property
   def pad_id(self) -> int:
@@ -384,7 +383,7 @@ def pad_batch(sequences: Sequence[Sequence[int]], *, length: int | None = None,
   if multiple_of is not None:
     if multiple_of <= 0:
       raise ValueError(f"multiple_of must be positive, got {multiple_of}")
-    target = _round_up(max(target, 1), multiple_of)
+    target = round_up(max(target, 1), multiple_of)
   if longest > target:
     raise ValueError(f"a sequence of {longest} tokens does not fit in length {target}")
   ids_BL = np.full((len(sequences), target), pad_id, dtype=np.int32)
@@ -395,5 +394,6 @@ def pad_batch(sequences: Sequence[Sequence[int]], *, length: int | None = None,
   return ids_BL, lengths_B
 
 
-def _round_up(value: int, multiple: int) -> int:
-  return math.ceil(value / multiple) * multiple
+def round_up(value: int, multiple: int) -> int:
+  """`value` rounded up to a multiple of `multiple` (shape buckets)."""
+  return -(-value // multiple) * multiple

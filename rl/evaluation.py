@@ -28,6 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from models.tokenizer import round_up
 from rl import rollout as rollout_lib
 from rl.data import EVAL_DIR, templates
 from rl.rewards import code as code_reward
@@ -334,10 +335,6 @@ class Samples:
   wall_s: float
 
 
-def _round_up(value: int, multiple: int) -> int:
-  return -(-value // multiple) * multiple
-
-
 def evaluate(graphdef, state, problems: Sequence[Problem], prompts: Sequence[Sequence[int]],
              tokenizer, cfg: rollout_lib.RolloutConfig, *, num_samples: int, batch_size: int,
              template: str, seed: int = 0, grade_workers: int = 2,
@@ -351,7 +348,7 @@ def evaluate(graphdef, state, problems: Sequence[Problem], prompts: Sequence[Seq
   if len(problems) != len(prompts) or not problems:
     raise ValueError(f"evaluate needs one prompt per problem and at least one problem "
                      f"({len(problems)} problems, {len(prompts)} prompts)")
-  width = _round_up(max(len(p) for p in prompts), cfg.prompt_bucket)
+  width = round_up(max(len(p) for p in prompts), cfg.prompt_bucket)
   cfg = cfg.replace(max_prompt_len=width, batch_size=batch_size * num_samples)
   out = Samples(responses=[], correct=np.zeros((0, num_samples)), answers=[],
                 lengths=np.zeros((0, num_samples), np.int64),

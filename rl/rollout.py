@@ -40,7 +40,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from models import sharding as sharding_lib
-from models.tokenizer import pad_batch
+from models.tokenizer import pad_batch, round_up
 from rl import quant, sampling
 from rl.types import Trajectories
 
@@ -262,10 +262,6 @@ def _compiled_engine(graphdef, spec: _EngineSpec):
   return jax.jit(_engine_fn(graphdef, spec))
 
 
-def _round_up(value: int, multiple: int) -> int:
-  return -(-value // multiple) * multiple
-
-
 def _row_sharding(mesh) -> NamedSharding | None:
   if mesh is None:
     return None
@@ -314,8 +310,8 @@ def run_engine(graphdef, state, context_ids: np.ndarray, context_lens: np.ndarra
   new_tokens = int(new_tokens or cfg.max_new_tokens)
   row_sharding = _row_sharding(mesh)
   multiple = _slot_multiple(row_sharding)
-  slots = _round_up(cfg.batch_size or n, multiple)
-  n_padded = _round_up(max(n, slots, rows or 0), slots)
+  slots = round_up(cfg.batch_size or n, multiple)
+  n_padded = round_up(max(n, slots, rows or 0), slots)
   # Static batching prefills every prompt in one call; continuous batching refills a few
   # slots at a time (the first fill then takes slots / R calls of the same compiled prefill).
   refill_rows = slots if n_padded <= slots else min(slots, cfg.prefill_batch
@@ -335,7 +331,7 @@ def run_engine(graphdef, state, context_ids: np.ndarray, context_lens: np.ndarra
   stop_sets = [list(cfg.stop_ids) + list(extra or ()) for extra in (stop_ids or [()] * n)]
   if len(stop_sets) != n:
     raise ValueError(f"stop_ids has {len(stop_sets)} rows for {n} sequences")
-  stop_table = np.full((n, _round_up(max(1, *map(len, stop_sets)), 8)), -1, np.int32)
+  stop_table = np.full((n, round_up(max(1, *map(len, stop_sets)), 8)), -1, np.int32)
   for row, ids in enumerate(stop_sets):
     stop_table[row, :len(ids)] = ids
   zeros = np.zeros((n,), np.int32)

@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 from models import sharding as sharding_lib
-from models.tokenizer import pad_batch
+from models.tokenizer import pad_batch, round_up
 from rl import rollout
 from rl.types import Trajectories
 
@@ -166,7 +166,7 @@ class StreamingRollout:
     if cfg.max_prompt_len:
       width = cfg.max_prompt_len + cfg.max_new_tokens
     else:
-      width = rollout._round_up(max(len(c) for c in contexts), cfg.prompt_bucket)
+      width = round_up(max(len(c) for c in contexts), cfg.prompt_bucket)
     ids, lens = pad_batch(contexts, length=width, pad_id=cfg.pad_id)
     generated = np.array([len(s.response) for s in running], np.int32)
     budget = np.minimum(self.stream_cfg.round_tokens, cfg.max_new_tokens - generated)
@@ -245,7 +245,7 @@ class StreamingRollout:
     """Host-side assembly of complete groups in the `Trajectories` layout."""
     cfg = self.cfg
     sequences = [(gi, g, s) for gi, g in enumerate(groups) for s in g.sequences]
-    prompt_width = cfg.max_prompt_len or rollout._round_up(
+    prompt_width = cfg.max_prompt_len or round_up(
         max(len(g.prompt) for g in groups), cfg.prompt_bucket)
     n, width = len(sequences), prompt_width + cfg.max_new_tokens
     tokens = np.full((n, width), cfg.pad_id, np.int32)

@@ -122,16 +122,11 @@ class Trainer:
 
     # -------------------------------------------------------------- Data
     self.tools = ToolUse(c, self.tokenizer) if c.tools.enabled else None
-    if self.tools is not None:  # tasks of tool environments, under their chat prompt
-      self.train_entries, self.heldout_entries = self.tools.entries()
-      self.train_prompts = self.tools.encode(self.train_entries)
-      self.heldout_prompts = self.tools.encode(self.heldout_entries)
-    else:
-      self.train_entries, self.heldout_entries = load_entries(c)
-      self.train_prompts = encode_prompts(self.train_entries, self.tokenizer,
-                                          c.data.prompt_template)
-      self.heldout_prompts = encode_prompts(self.heldout_entries, self.tokenizer,
-                                            c.data.prompt_template)
+    # Tool environments' tasks (under their chat prompt), or config.data's entries.
+    self.train_entries, self.heldout_entries = (
+        self.tools.entries() if self.tools is not None else load_entries(c))
+    self.train_prompts = self._encode(self.train_entries)
+    self.heldout_prompts = self._encode(self.heldout_entries)
     # Which prompts each step draws (deterministic in seed and step; config.data.curriculum).
     self.curriculum = PromptCurriculum(c.data, self.train_entries, seed=c.seed,
                                        exclude=[prompt_of(e) for e in self.heldout_entries])
@@ -236,11 +231,13 @@ class Trainer:
     if self.curriculum.entries is self.train_entries:
       return
     self.train_entries = self.curriculum.entries
+    self.train_prompts = self._encode(self.train_entries)
+
+  def _encode(self, entries) -> list[list[int]]:
+    """Prompt ids: the tool environments' chat prompt, or config.data.prompt_template."""
     if self.tools is not None:
-      self.train_prompts = self.tools.encode(self.train_entries)
-    else:
-      self.train_prompts = encode_prompts(self.train_entries, self.tokenizer,
-                                          self.config.data.prompt_template)
+      return self.tools.encode(entries)
+    return encode_prompts(entries, self.tokenizer, self.config.data.prompt_template)
 
   # ---------------------------------------------------------------------- Rollout
   def _rollout(self, step: int, batch_index: int, entries_idx: np.ndarray):

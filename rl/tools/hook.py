@@ -10,6 +10,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from models.tokenizer import round_up
 from rl import rollout as rollout_lib
 from rl.rewards import sandbox
 from rl.tools import calls, demonstrations, environments, reward
@@ -61,7 +62,7 @@ class ToolUse:
   def encode(self, entries: Sequence[Mapping[str, Any]]) -> list[list[int]]:
     prompts = [environments.encode_prompt(e, self.tokenizer) for e in entries]
     longest = max(len(p) for p in prompts)
-    self.prompt_width = max(self.prompt_width, rollout_lib._round_up(
+    self.prompt_width = max(self.prompt_width, round_up(
         longest, self.config.rollout.prompt_bucket))
     return prompts
 

@@ -41,7 +41,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from models.tokenizer import pad_batch
+from models.tokenizer import pad_batch, round_up
 from rl import rollout as rollout_lib
 from rl.tools import calls, environments
 from rl.tools.context import Segment, visible_ids
@@ -155,7 +155,7 @@ class ToolRollout:
     longest = max(len(p) for p in prompts)
     if prompt_width and longest > prompt_width:
       raise ValueError(f"a prompt of {longest} tokens exceeds prompt_width={prompt_width}")
-    prompt_width = prompt_width or rollout_lib._round_up(longest, self.cfg.prompt_bucket)
+    prompt_width = prompt_width or round_up(longest, self.cfg.prompt_bucket)
     context_width = prompt_width + self.cfg.episode_width
     waves = [episodes[i::self.cfg.waves] for i in range(min(self.cfg.waves, len(episodes)))]
     while any(ep.status != "done" for ep in episodes):
