@@ -40,13 +40,15 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
   c.init_hf_dir = ""
   # DSA kernels (kernels/__init__.py): "auto" (by platform), "reference", "interpret", "gpu", "tpu".
   c.kernel_backend = "auto"
-  # Device mesh (models/sharding.py): in-slice size of every axis, one of which may be -1 (the
-  # devices left over; the default puts them all on "data"), and across-slice (DCN) factors
-  # for multi-slice TPU pods or multi-host GPU clusters. The run uses
+  # Device mesh (models/sharding.py, rl/placement.py): in-slice size of every axis, one of
+  # which may be -1 (the devices left over; the default puts them all on "data"), and
+  # across-slice (DCN) factors for multi-slice TPU pods or multi-host GPU clusters. The
+  # trainer and SFT use the first `devices` local devices (0: all of them) as
   # sharding.mesh_from_config(dict(config.mesh.shape, dcn=config.mesh.dcn)).
-  # auto=True: launch/dry_run.py takes the shape of the best plan of models/planner.py for
-  # `devices` (0: the local device count) devices of `device_kind` ("": the local kind; one
-  # of planner.DEVICES), keeping config.model.remat and config.optim.offload_state.
+  # auto=True: the shape of the best plan of models/planner.py for `devices` (0: the local
+  # device count; --dry_run may plan more than there are) devices of `device_kind` ("": the
+  # local kind; one of planner.DEVICES), keeping config.model.remat and
+  # config.optim.offload_state.
   c.mesh = ml_collections.ConfigDict(dict(
       shape=dict(data=-1, fsdp=1, expert=1, sequence=1, tensor=1),
       dcn=dict(data=1, fsdp=1, expert=1, sequence=1, tensor=1),
@@ -88,7 +90,10 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
       # channel and block of `weight_block_size` inputs (0: the whole input axis).
       weight_dtype="",
       weight_block_size=0,
-      # Streaming rollouts (rl/streaming.py): partial generations carry over between steps.
+      # Streaming rollouts (rl/streaming.py): partial generations carry over between steps
+      # (alpha = on_policy_fraction of each batch from the current policy, tokens at most
+      # max_staleness versions old, round_tokens per engine round). The pool is not in the
+      # checkpoint: a resumed run starts with an empty one.
       streaming=dict(enabled=False, on_policy_fraction=0.5, max_staleness=1, round_tokens=64),
   ))
   c.rl = ml_collections.ConfigDict(algorithms.recipe(algorithm))
@@ -312,40 +317,35 @@ def _check_hf_dir(c: ml_collections.ConfigDict) -> None:
                        f"(config.init_hf_dir) gives {theirs[field]!r}")
 
 
-def build_policy(c: ml_collections.ConfigDict):
+def build_policy(c: ml_collections.ConfigDict, mesh=None):
   """The policy of a run: loaded from config.init_hf_dir (its shapes were checked against
-  config.model by validate) or freshly initialised from config.model."""
+  config.model by validate; with `mesh`, each tensor goes straight into its shards) or
+  freshly initialised from config.model (built whole on the default device: big models
+  start from a checkpoint)."""
   from flax import nnx
 
   from models.transformer import Transformer
   cfg = model_config(c)
   if c.init_hf_dir:
     from models import hf
-    return hf.load_pretrained(c.init_hf_dir, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                              max_seq_len=cfg.max_seq_len, remat=cfg.remat,
-                              remat_names=cfg.remat_names)
+    return hf.load_pretrained(c.init_hf_dir, dtype=cfg.dtype, mesh=mesh,
+                              param_dtype=cfg.param_dtype, max_seq_len=cfg.max_seq_len,
+                              remat=cfg.remat, remat_names=cfg.remat_names)
   return Transformer(cfg, rngs=nnx.Rngs(params=c.seed))
 
 
-def check_single_device_run(c: ml_collections.ConfigDict) -> None:
-  """The trainer and SFT of this version run the policy on one device (the sharded update,
-  expert parallelism and streaming rollouts exist as library pieces, tested on their own, and
-  `--dry_run` plans the mesh). Settings they would otherwise ignore are refused here."""
+def check_single_device_run(c: ml_collections.ConfigDict, job: str) -> None:
+  """Jobs that keep the policy on one device (O1-Coder self-play, rl/search) refuse the
+  settings they would otherwise ignore. The RL trainer and SFT run on config.mesh
+  (rl/placement.py)."""
   sizes = {k: v for k, v in c.mesh.shape.to_dict().items() if v not in (1, -1)}
   dcn = {k: v for k, v in c.mesh.dcn.to_dict().items() if v != 1}
-  if sizes or dcn:
-    raise ValueError(f"config.mesh={sizes or dcn}: the trainer does not shard the policy yet; "
-                     "use --dry_run to plan this mesh, or leave config.mesh at its default")
-  if c.rollout.streaming.enabled:
-    raise ValueError("config.rollout.streaming.enabled=True: the trainer does not run "
-                     "streaming rollouts yet (rl/streaming.py is a tested library piece)")
-  if c.mesh.auto:
-    raise ValueError("config.mesh.auto=True: the trainer does not shard the policy yet; use "
-                     "--dry_run (or launch/plan.py) to plan the mesh")
-  if c.optim.offload_state:
-    raise ValueError("config.optim.offload_state=True: the trainer does not offload the "
-                     "optimiser state yet (rl/train_step.make_update(offload_optimizer=True) "
-                     "is a tested library piece)")
+  for field, bad in (("mesh", sizes or dcn), ("mesh.auto", c.mesh.auto),
+                     ("optim.offload_state", c.optim.offload_state),
+                     ("rollout.streaming.enabled", c.rollout.streaming.enabled)):
+    if bad:
+      raise ValueError(f"config.{field}={bad!r}: {job} runs the policy on one device; leave "
+                       f"config.{field} at its default")
 
 
 QWEN_SIZES = {"1.5b": "qwen2.5-1.5b", "7b": "qwen2.5-7b"}

@@ -327,9 +327,11 @@ def load_pretrained(path: str, dtype: str = "bfloat16", mesh=None, rules=None,
       raise CheckpointError(f"shape mismatch for {names[0] if len(names) == 1 else names[0] + ' ...'}"
                             f" in {path}: checkpoint gives {tuple(value.shape)} after mapping, "
                             f"config.json implies {tuple(expected)}")
-    array = jnp.asarray(value, dtype=var.get_value().dtype)
-    if shardings is not None:
-      array = jax.device_put(array, shardings[path_key])
+    if shardings is None:
+      array = jnp.asarray(value, dtype=var.get_value().dtype)
+    else:  # straight into its shards (each process places its own devices' slices)
+      array = sharding_lib.put_global(np.asarray(value).astype(var.get_value().dtype),
+                                      shardings[path_key])
     var.set_value(array)
   return nnx.merge(graphdef, state)
 

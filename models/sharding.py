@@ -169,6 +169,22 @@ def logical_sharding(axes: Sequence[str | None], shape: Sequence[int], mesh: Mes
   return NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules))
 
 
+def put_global(x, sharding: NamedSharding) -> jax.Array:
+  """A host array (the same value in every process) as a global array of `sharding`: each
+  process places only its own devices' slices (works on one process and on several)."""
+  x = np.asarray(x)
+  return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def to_host(x: Any) -> Any:
+  """A jax.Array's value as numpy in every process (gathered across processes when it spans
+  devices of other processes); any other value as it is."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return x
+
+
 def _path_name(path) -> str:
   parts = []
   for key in path:

@@ -326,7 +326,7 @@ def run_engine(graphdef, state, context_ids: np.ndarray, context_lens: np.ndarra
     x = np.asarray(x, dtype)
     padded = np.full((n_padded, *x.shape[1:]), fill, dtype)
     padded[:n] = x
-    return padded if row_sharding is None else jax.device_put(padded, row_sharding)
+    return padded if row_sharding is None else sharding_lib.put_global(padded, row_sharding)
 
   stop_sets = [list(cfg.stop_ids) + list(extra or ()) for extra in (stop_ids or [()] * n)]
   if len(stop_sets) != n:
@@ -346,6 +346,7 @@ def run_engine(graphdef, state, context_ids: np.ndarray, context_lens: np.ndarra
   )
   engine = _compiled_engine(graphdef, spec)
   out = engine(state, rng, *inputs, jnp.asarray(n, jnp.int32))
+  out = {k: sharding_lib.to_host(v) for k, v in out.items()}  # several processes: gathered
   if n_padded != n:
     out = {k: v if v.ndim == 0 else v[:n] for k, v in out.items()}
   out["slots"] = slots

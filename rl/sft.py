@@ -25,8 +25,10 @@ from absl import logging
 from flax import nnx
 
 from configs import common
+from models import remat as remat_lib
 from models.tokenizer import load_tokenizer, pad_batch
 from rl.checkpoint import Checkpointer
+from rl.placement import Placement
 from rl.data.entries import encode_prompts, load_entries
 
 
@@ -143,9 +145,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   if not train_ex or not eval_ex:
     raise ValueError(f"config.sft.max_len={width}: no SFT example fits")
 
-  common.check_single_device_run(c)
-  model = common.build_policy(c)
+  placement = Placement.from_config(c)
+  model = common.build_policy(c, placement.mesh)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  rest = jax.device_put(rest, placement.replicated)
   rng = np.random.default_rng(c.seed)
   epoch_orders = [rng.permutation(len(train_ex)) for _ in range(s.epochs)]
   if s.pack:  # rows of several examples; the schedule needs every epoch's row count up front
@@ -159,7 +162,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
                                                 total, end_value=s.lr * s.final_lr_fraction)
   optimizer = optax.chain(optax.clip_by_global_norm(1.0),
                           optax.adamw(schedule, weight_decay=s.weight_decay))
-  opt_state = optimizer.init(params)
+  state = placement.train_state(params, optimizer, offload=c.optim.offload_state)
+  params, opt_state = state.params, state.opt_state
+  param_shardings, opt_shardings = placement.state_sharding(state)[:2]
+  host_opt = remat_lib.host_shardings(opt_shardings) if c.optim.offload_state else opt_shardings
 
   dsa = common.model_config(c).dsa
 
@@ -175,8 +181,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     index = out.indexer_loss / jnp.maximum(jnp.sum(batch["token_mask"]), 1.0)
     return loss + s.indexer_coef * index, out.indexer_metrics
 
-  @functools.partial(jax.jit, static_argnums=3)
+  # Layouts pinned (rl/placement.py): parameters and optimiser state stay where they were
+  # placed, the optimiser state in host memory between steps with config.optim.offload_state.
+  @functools.partial(jax.jit, static_argnums=3, donate_argnums=(0, 1),
+                     out_shardings=(param_shardings, host_opt, None, None))
   def train_step(params, opt_state, batch, stage):
+    opt_state = jax.device_put(opt_state, opt_shardings)
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, stage)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss, aux
@@ -202,7 +212,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       batch = make_batch(chunk, tokenizer.pad_id, width)
       real = len(eval_ex[i:i + s.batch_size])
       batch["loss_mask"][real:] = 0.0
-      a, b = eval_sums(params, batch)
+      with placement.scope():
+        a, b = eval_sums(params, placement.put_batch(batch))
       nll, count = nll + float(a), count + float(b)
     return nll / max(count, 1.0)
 
@@ -220,7 +231,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       else:
         batch = make_batch([train_ex[r[0]] for r in batch_rows], tokenizer.pad_id, width)
       stage = stage_at(step)
-      params, opt_state, loss, aux = train_step(params, opt_state, batch, stage)
+      with placement.scope():
+        params, opt_state, loss, aux = train_step(params, opt_state, placement.put_batch(batch),
+                                                  stage)
       step += 1
       if step % s.log_every == 0 or step == total:
         elapsed = time.perf_counter() - t0

@@ -8,6 +8,7 @@ small object with one job (rollout engine, verifier, checkpointer). A new recipe
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -21,11 +22,13 @@ from absl import logging
 from flax import nnx
 
 from configs import common
+from models.sharding import to_host
 from models.tokenizer import load_tokenizer
 from models.transformer import Transformer
 from rl import advantages as adv_lib
 from rl import losses
 from rl import quant
+from rl.placement import Placement
 from rl import rollout as rollout_lib
 from rl import train_step as ts
 from rl.data.curriculum import PromptCurriculum
@@ -34,6 +37,7 @@ from rl.checkpoint import Checkpointer
 from rl.rewards import manager
 from rl.rewards.shaping import overlong_penalty, place_on_last_token
 from rl.sampling import masked_logprobs, unpack_sample_mask
+from rl.streaming import StreamingConfig, StreamingRollout
 from rl.tools import reward as tool_reward
 from rl.tools.hook import ToolUse
 
@@ -109,6 +113,15 @@ def concat_trajectories(parts):
 
 # ======================================================================== Loop
 
+def _on_mesh(method):
+  """Runs a Trainer method under the run's ambient mesh (rl/placement.py)."""
+  @functools.wraps(method)
+  def wrapped(self, *args, **kwargs):
+    with self.placement.scope():
+      return method(self, *args, **kwargs)
+  return wrapped
+
+
 class Trainer:
   """Holds the run's state between steps; `run()` is the loop."""
 
@@ -132,23 +145,30 @@ class Trainer:
                                        exclude=[prompt_of(e) for e in self.heldout_entries])
 
     # -------------------------------------------------------------- Model and optimiser
-    common.check_single_device_run(c)
-    policy = common.build_policy(c)
+    if c.rollout.streaming.enabled and self.tools is not None:
+      raise ValueError("config.rollout.streaming.enabled=True with config.tools.enabled=True: "
+                       "multi-turn tool episodes are not streamed; turn one of them off")
+    # The mesh (config.mesh) every parameter, optimiser state and batch is laid out on.
+    self.placement = Placement.from_config(c)
+    policy = common.build_policy(c, self.placement.mesh)
     self.graphdef, params, self.rest = nnx.split(policy, nnx.Param, ...)
+    self.rest = jax.device_put(self.rest, self.placement.replicated)
     self.optimizer = ts.make_optimizer(lr=c.optim.lr, warmup_steps=c.optim.warmup_steps,
                                        weight_decay=c.optim.weight_decay,
                                        grad_clip=c.optim.grad_clip, b1=c.optim.b1,
                                        b2=c.optim.b2)
-    self.state = ts.init_state(params, self.optimizer)
+    self.state = self._train_state(params)
     self.critic = None
     if c.rl.use_critic:
       critic = Transformer(self.model_cfg.replace(head="scalar", tie_embeddings=False),
                            rngs=nnx.Rngs(params=c.seed + 1))
       self.critic_graphdef, critic_params, self.critic_rest = nnx.split(critic, nnx.Param, ...)
+      self.critic_rest = jax.device_put(self.critic_rest, self.placement.replicated)
       self.critic_optimizer = ts.make_optimizer(
           lr=c.optim.critic_lr, warmup_steps=c.optim.warmup_steps,
           weight_decay=c.optim.weight_decay, grad_clip=c.optim.grad_clip)
-      self.critic = ts.init_state(critic_params, self.critic_optimizer)
+      self.critic = self.placement.train_state(critic_params, self.critic_optimizer,
+                                               offload=c.optim.offload_state)
     self.checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
                                      keep=c.train.keep_checkpoints,
                                      save_every=c.train.checkpoint_every)
@@ -159,22 +179,28 @@ class Trainer:
     self._maybe_resume()
     if self.tools is not None and c.tools.warm_start_steps and not self.start_step and (
         not c.init_checkpoint):  # cold start on expert tool-use transcripts (deterministic)
-      self.state = ts.init_state(self.tools.warm_start(
-          self.graphdef, self.state.params, self.rest, self.train_entries, self.train_prompts),
-          self.optimizer)
+      with self.placement.scope():
+        self.state = self._train_state(self.tools.warm_start(
+            self.graphdef, self.state.params, self.rest, self.train_entries,
+            self.train_prompts))
     # A copy: the policy update donates (and so invalidates) the state's buffers on GPU/TPU.
     self.ref_params = jax.tree.map(jnp.copy, self.state.params) if self._kl_on() else None
 
     rl = c.rl.to_dict()
     max_len = c.rollout.max_new_tokens
     temperature = max(c.rollout.temperature, 1e-6)
+    # Layouts pinned: the update keeps the state where placement put it (the batch comes
+    # placed by Placement.put_batch, its rows over the mesh's batch axes).
+    offload = bool(c.optim.offload_state)
     self.policy_update = ts.make_update(
         ts.policy_objective, self.graphdef, self.rest, self.optimizer,
-        micro_batches=c.train.micro_batches, rl=rl, temperature=temperature, max_len=max_len)
+        micro_batches=c.train.micro_batches, rl=rl, temperature=temperature, max_len=max_len,
+        state_sharding=self.placement.state_sharding(self.state), offload_optimizer=offload)
     if self.critic is not None:
       self.critic_update = ts.make_update(
           ts.critic_objective, self.critic_graphdef, self.critic_rest, self.critic_optimizer,
-          micro_batches=c.train.micro_batches, rl=rl, max_len=max_len)
+          micro_batches=c.train.micro_batches, rl=rl, max_len=max_len,
+          state_sharding=self.placement.state_sharding(self.critic), offload_optimizer=offload)
     self.rollout_cfg = rollout_lib.RolloutConfig(
         max_new_tokens=c.rollout.max_new_tokens, temperature=c.rollout.temperature,
         top_p=c.rollout.top_p, top_k=c.rollout.top_k, greedy=c.rollout.temperature == 0,
@@ -184,10 +210,31 @@ class Trainer:
     self.eval_cfg = self.rollout_cfg.replace(greedy=c.rollout.eval_temperature == 0,
                                              temperature=c.rollout.eval_temperature or 1.0,
                                              keep_sampling_mask=False, keep_routing=False)
+    # Streaming rollouts (rl/streaming.py): partial generations carry over between steps,
+    # each token keeping the log-prob and version of the policy that sampled it. Every
+    # generation batch submits its prompts and takes prompts_per_step complete groups; an
+    # empty pool is filled with twice that, so unfinished groups carry over to the next step.
+    self.stream = None
+    if c.rollout.streaming.enabled:
+      s = c.rollout.streaming
+      self.stream = StreamingRollout(
+          self.rollout_cfg, StreamingConfig(on_policy_fraction=s.on_policy_fraction,
+                                            max_staleness=s.max_staleness,
+                                            round_tokens=s.round_tokens),
+          num_samples=c.train.samples_per_prompt, seed=c.seed,
+          mesh=self.placement.rollout_mesh)
+      if self.start_step:
+        logging.warning("streaming rollouts: the pool of partial generations is not in the "
+                        "checkpoint; the resumed run starts with an empty pool")
     self.sampler_weights = (quant.SamplerWeights(c.rollout.weight_dtype,
                                                  block_size=c.rollout.weight_block_size)
                             if c.rollout.weight_dtype else None)
     self.writer = MetricsWriter(workdir)
+
+  def _train_state(self, params) -> ts.TrainState:
+    """A fresh policy TrainState on the run's mesh."""
+    return self.placement.train_state(params, self.optimizer,
+                                      offload=self.config.optim.offload_state)
 
   def _kl_on(self) -> bool:
     return bool(self.config.rl.kl_coef or self.config.rl.kl_coef_per_domain)
@@ -218,7 +265,7 @@ class Trainer:
     if step is None:
       raise FileNotFoundError(f"config.init_checkpoint={directory!r} holds no checkpoint")
     restored, _ = init.restore(step, {"params": self.state.params})
-    self.state = ts.init_state(restored["params"], self.optimizer)
+    self.state = self._train_state(restored["params"])
     init.close()
 
   def save(self, step: int, *, force: bool = False) -> None:
@@ -244,6 +291,12 @@ class Trainer:
     c = self.config
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(c.seed), step), batch_index)
     prompts = [self.train_prompts[i] for i in entries_idx]
+    if self.stream is not None:  # the step's prompts join the pool; complete groups come out
+      self.stream.submit(prompts, payloads=[self.train_entries[i] for i in entries_idx])
+      traj, payloads, self.stream_stats = self.stream.collect(
+          self.graphdef, self._policy_state(), policy_version=step,
+          num_groups=c.train.prompts_per_step)
+      return traj, [payloads[g] for g in np.asarray(traj.group_id)]
     if self.tools is not None:
       return self.tools.generate(self.graphdef, self._policy_state(), prompts,
                                  [self.train_entries[i] for i in entries_idx], rng,
@@ -251,7 +304,7 @@ class Trainer:
                                  policy_version=step)
     traj = rollout_lib.generate(self.graphdef, self._policy_state(), prompts, rng,
                                 self.rollout_cfg, num_samples=c.train.samples_per_prompt,
-                                policy_version=step)
+                                policy_version=step, mesh=self.placement.rollout_mesh)
     group_entries = [self.train_entries[entries_idx[g]] for g in np.asarray(traj.group_id)]
     return traj, group_entries
 
@@ -263,6 +316,7 @@ class Trainer:
       return self.sampler_weights(self.state.params, self.rest)
     return nnx.merge_state(self.state.params, self.rest)
 
+  @_on_mesh
   def collect(self, step: int) -> tuple[Any, dict, dict]:
     """Rollout + reward with DAPO dynamic sampling: keep groups whose accuracy varies, draw
     further generation batches until the batch is full, drop the surplus."""
@@ -278,7 +332,10 @@ class Trainer:
             f"batches ({stats['groups_seen']} groups seen): most groups are all-correct or "
             "all-wrong. Raise max_num_gen_batches, change the data difficulty, or set "
             "config.rl.dynamic_sampling=False.")
-      idx = self.curriculum.draw(step, stats["gen_batches"], want)
+      size = want
+      if self.stream is not None and not self.stream.num_in_flight + self.stream.num_ready:
+        size = 2 * want  # an empty pool starts with a surplus: later steps take what it has
+      idx = self.curriculum.draw(step, stats["gen_batches"], size)
       t0 = time.perf_counter()
       traj, entries = self._rollout(step, stats["gen_batches"], idx)
       jax.block_until_ready(traj.tokens)
@@ -314,6 +371,8 @@ class Trainer:
     self._follow_curriculum()
     if self.tools is not None:  # per-environment success, turns, tool errors (first batch)
       stats.update(tool_reward.episode_metrics(first))
+    if self.stream is not None:  # pool and staleness after the step's last collection
+      stats.update({f"stream/{k}": float(v) for k, v in self.stream_stats.items()})
     return traj, rewards, stats
 
   # ---------------------------------------------------------------------- Advantages
@@ -333,6 +392,7 @@ class Trainer:
       return jnp.pad(logp, ((0, 0), (1, 0)))
     return logprobs
 
+  @_on_mesh
   def advantages(self, traj, rewards) -> dict[str, np.ndarray]:
     c = self.config
     rl = c.rl
@@ -371,7 +431,7 @@ class Trainer:
         v = nnx.merge(graphdef, params, rest).forward(tokens).values
         return jnp.pad(v[:, :-1], ((0, 0), (1, 0)))
       self._values_fn = values_fn
-    values = self._values_fn(self.critic.params, jnp.asarray(traj.tokens))
+    values = to_host(self._values_fn(self.critic.params, jnp.asarray(traj.tokens)))
     return values * jnp.asarray(traj.response_mask, jnp.float32)
 
   # ---------------------------------------------------------------------- Update
@@ -401,8 +461,10 @@ class Trainer:
     if self._kl_on():
       if not hasattr(self, "_ref_logprobs"):
         self._ref_logprobs = self._forward_fn(self.graphdef, self.rest)
-      batch["logp_ref"] = np.asarray(self._ref_logprobs(
-          self.ref_params, jnp.asarray(tokens), batch.get("routing"), batch.get("sample_mask")))
+      with self.placement.scope():
+        batch["logp_ref"] = np.asarray(to_host(self._ref_logprobs(
+            self.ref_params, jnp.asarray(tokens), batch.get("routing"),
+            batch.get("sample_mask"))))
       beta = c.rl.kl_coef_per_domain.get(c.data.task, c.rl.kl_coef)
       batch["kl_coef"] = np.full((len(tokens),), beta, np.float32)
     return batch
@@ -414,8 +476,9 @@ class Trainer:
       self._trainer_logprobs = self._forward_fn(self.graphdef, self.rest)
     logp = self._trainer_logprobs(self.state.params, jnp.asarray(batch["tokens"]),
                                   batch.get("routing"), batch.get("sample_mask"))
-    return quant.logp_gap(logp, batch["logp_old"], batch["response_mask"])
+    return quant.logp_gap(to_host(logp), batch["logp_old"], batch["response_mask"])
 
+  @_on_mesh
   def update(self, step: int, batch: dict) -> dict[str, float]:
     c = self.config
     n = len(batch["tokens"])
@@ -427,7 +490,7 @@ class Trainer:
     for _ in range(c.rl.ppo_epochs):
       order = rng.permutation(n)
       for mb in np.array_split(order, c.train.mini_batches):
-        minibatch = {k: jnp.asarray(v[mb]) for k, v in batch.items()}
+        minibatch = self.placement.put_batch({k: v[mb] for k, v in batch.items()})
         if actor_on:
           self.state, metrics = self.policy_update(self.state, minibatch)
         else:
@@ -443,6 +506,7 @@ class Trainer:
     return out
 
   # ---------------------------------------------------------------------- Evaluate
+  @_on_mesh
   def evaluate(self, entries=None, prompts=None) -> float:
     """Greedy held-out accuracy of the current policy."""
     entries = entries if entries is not None else self.heldout_entries
@@ -453,7 +517,8 @@ class Trainer:
                                               num_samples=1)
     else:
       traj = rollout_lib.generate(self.graphdef, self._policy_state(), prompts,
-                                  jax.random.key(0), self.eval_cfg, num_samples=1)
+                                  jax.random.key(0), self.eval_cfg, num_samples=1,
+                                  mesh=self.placement.rollout_mesh)
       row_entries = [entries[g] for g in np.asarray(traj.group_id)]
     rewards = score_trajectories(traj, row_entries, self.tokenizer, self.config, self.tools)
     return float(rewards["acc"].mean())
@@ -499,7 +564,7 @@ class Trainer:
           "time/update": t2 - t1, "time/step": t2 - t0,
           "tokens_per_s": generated * stats["raw_len_mean"] / max(stats["t_rollout"], 1e-9),
           **metrics,
-          **{k: v for k, v in stats.items() if k.startswith("tools/")},
+          **{k: v for k, v in stats.items() if k.startswith(("tools/", "stream/"))},
           **stats["curriculum"],
       }
       if c.train.eval_every and (step + 1) % c.train.eval_every == 0:

@@ -105,7 +105,8 @@ def test_init_hf_dir_shapes_must_match_the_model(tmp_path):
 
 def test_init_hf_dir_starts_the_policy_from_the_checkpoint(tmp_path):
   """config.init_hf_dir loads the HF checkpoint (same logits as the saved model), not a random
-  init; settings the single-device trainer would ignore are refused, naming the field."""
+  init; settings a one-device job (O1-Coder self-play) would ignore are refused, naming the
+  field."""
   import jax
   import numpy as np
 
@@ -121,4 +122,4 @@ def test_init_hf_dir_starts_the_policy_from_the_checkpoint(tmp_path):
   np.testing.assert_allclose(common.build_policy(config)(tokens), saved(tokens), atol=1e-5)
   config.mesh.shape.fsdp = 8
   with pytest.raises(ValueError, match="config.mesh"):
-    common.check_single_device_run(config)
+    common.check_single_device_run(config, "self-play")

@@ -1,5 +1,6 @@
 """Multi-process JAX (rl/distributed.py): environment parsing, and two local processes (gloo
-CPU collectives over 127.0.0.1) that train like one."""
+CPU collectives over 127.0.0.1) that train like one: a hand-written data-parallel step, and
+the RL trainer itself."""
 
 import json
 import os
@@ -77,10 +78,38 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _run_workers(envs: list[dict], timeout: int = 120) -> list[dict]:
-  procs = [subprocess.Popen([sys.executable, "-c", _WORKER.format(repo=REPO)], env=env,
+# The RL trainer (rl/trainer.py) for one DAPO step with a KL term and FP8 sampler weights on a
+# data 2 x FSDP 2 x tensor 2 mesh over every device of every process: rollout outputs are
+# gathered to every process, batches placed from identical host copies, one checkpoint written
+# jointly, metrics written by process 0 only.
+_TRAINER_WORKER = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {repo!r})
+    sys.path.insert(0, {repo!r} + "/tests")
+    from rl import distributed
+    distributed.initialize_from_env()
+
+    import jax
+    jax.config.update("jax_default_matmul_precision", "highest")
+    from test_trainer import small_config
+    from rl.trainer import Trainer
+
+    c = small_config(**{{"train.steps": 1, "rl.dynamic_sampling": False, "rl.kl_coef": 0.01,
+                        "rollout.weight_dtype": "fp8_e4m3", "mesh.devices": 0}})
+    c.mesh.shape.update(data=2, fsdp=2, tensor=2)
+    last = Trainer(c, sys.argv[1]).run()
+    print("RESULT " + json.dumps(dict(
+        {{k: last[k] for k in ("loss", "reward", "grad_norm", "sampler/logp_gap_mean")}},
+        process=jax.process_index(), devices=jax.device_count())), flush=True)
+""")
+
+
+def _run_workers(envs: list[dict], timeout: int = 120, worker: str = _WORKER,
+                 args: list[list[str]] | None = None) -> list[dict]:
+  args = args or [[] for _ in envs]
+  procs = [subprocess.Popen([sys.executable, "-c", worker.format(repo=REPO), *arg], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for env in envs]
+           for env, arg in zip(envs, args)]
   results = []
   try:
     for proc in procs:
@@ -123,6 +152,31 @@ def test_two_processes_train_like_one():
     assert result["main"] == (pid == 0) and result["source"] == "explicit"
     np.testing.assert_allclose(result["losses"], single["losses"], rtol=1e-6)
   assert single["losses"][2] < single["losses"][0]
+
+
+def test_two_process_trainer_matches_one_process(tmp_path):
+  """The RL trainer in two processes of 4 CPU devices each (one 8-device mesh, both writing
+  one checkpoint directory) gives the loss, reward, gradient norm and FP8 sampler gap of one
+  process holding all 8 devices; only process 0 writes metrics."""
+  port = _free_port()
+  envs = []
+  for pid in range(2):
+    env = _base_env(4)
+    env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+               JAX_PROCESS_ID=str(pid))
+    envs.append(env)
+  two, one = str(tmp_path / "two"), str(tmp_path / "one")
+  results = _run_workers(envs + [_base_env(8)], timeout=600, worker=_TRAINER_WORKER,
+                         args=[[two], [two], [one]])
+  single = results.pop()
+  assert [r["process"] for r in results] == [0, 1] and single["devices"] == 8
+  for result in results:
+    assert result["devices"] == 8
+    for key in ("loss", "reward", "grad_norm", "sampler/logp_gap_mean"):
+      np.testing.assert_allclose(result[key], single[key], rtol=1e-5, err_msg=key)
+  with open(os.path.join(two, "metrics.jsonl")) as f:
+    assert len(f.readlines()) == 1  # one writer
+  assert os.path.isdir(os.path.join(two, "checkpoints", "1"))
 
 
 def test_process_info_from_each_launcher_environment():

@@ -1,6 +1,8 @@
 """The RL loop end to end on the tiny MoE + MLA + DSA demo model with the real arithmetic
 verifier: the demo pipeline (SFT cold start, then RL, results table), three steps of each
-flagship recipe, on-policy ratios, dynamic sampling, and resume after a kill."""
+flagship recipe, on-policy ratios, dynamic sampling, resume after a kill, and the trainer and
+SFT on 8-device meshes (data / FSDP / tensor / expert parallel, optimiser state offloaded to
+host memory, a planned mesh) against one device."""
 
 import json
 import os
@@ -33,6 +35,7 @@ def small_config(algorithm="dapo", **overrides) -> ml_collections.ConfigDict:
   c.train.eval_every = 0
   c.train.checkpoint_every = 1
   c.rl.critic_warmup_steps = min(c.rl.critic_warmup_steps, 1)
+  c.mesh.devices = 1  # one of the 8 test devices (fast); the mesh tests below use all 8
   for key, value in overrides.items():
     section, _, field = key.rpartition(".")
     (c[section] if section else c)[field] = value
@@ -258,3 +261,145 @@ def test_sigkilled_demo_resumes_to_the_same_final_metrics(tmp_path):
     assert final[0][key] == final[1][key], key
   results = [json.load(open(d / "results.json")) for d in (straight, killed)]
   assert results[0]["rl_heldout_acc"] == results[1]["rl_heldout_acc"]
+
+
+# ---------------------------------------------------------------------------- Meshes
+
+TRAINER_MESHES = {
+    "dp2_fsdp2_tp2": {"data": 2, "fsdp": 2, "tensor": 2},
+    "ep4_fsdp2": {"data": 1, "expert": 4, "fsdp": 2},
+}
+
+
+def mesh_config(sft_ckpt, shape=None, **overrides):
+  """Two DAPO steps from the demo's SFT checkpoint; on 8 devices with mesh `shape`."""
+  c = small_config(init_checkpoint=sft_ckpt, job="rl", **{"train.steps": 2, **overrides})
+  if shape is not None:
+    c.mesh.devices = 8
+    c.mesh.shape.update(shape)
+  return c
+
+
+@pytest.fixture(scope="module")
+def one_device_run(demo_run, tmp_path_factory):
+  """The reference: two DAPO steps on one device."""
+  sft_ckpt = os.path.join(demo_run[0], "sft", "checkpoints")
+  workdir = str(tmp_path_factory.mktemp("one_device"))
+  trainer = Trainer(mesh_config(sft_ckpt), workdir)
+  trainer.run()
+  return sft_ckpt, jax.tree.map(np.asarray, trainer.state.params), read_metrics(workdir)
+
+
+def _assert_params_close(got, want, rel=1e-5):
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    w = np.asarray(w)
+    np.testing.assert_allclose(np.asarray(g), w, rtol=rel, atol=rel * float(np.abs(w).max()))
+
+
+@pytest.mark.parametrize("name", list(TRAINER_MESHES))
+def test_trainer_on_a_mesh_matches_one_device(one_device_run, name, tmp_path, monkeypatch):
+  """Two RL steps (rollout, rewards, dynamic sampling, update) with parameters and optimiser
+  state sharded over an 8-device mesh, and expert-parallel MoE dispatch where the mesh has an
+  expert axis, give the one-device run's rewards, losses and parameters (fp32, rel <= 1e-5)."""
+  from models import moe_ep
+  from models import sharding as sharding_lib
+  sft_ckpt, want_params, want_metrics = one_device_run
+  expert_parallel = []
+  dispatch = moe_ep.dispatch_for_mesh
+
+  def spy(local_fn, mesh=None):
+    experts = dispatch(local_fn, mesh)
+    expert_parallel.append(experts is not local_fn)
+    return experts
+  monkeypatch.setattr(moe_ep, "dispatch_for_mesh", spy)
+
+  trainer = Trainer(mesh_config(sft_ckpt, TRAINER_MESHES[name]), str(tmp_path))
+  assert trainer.placement.size == 8
+  trainer.run()
+  got = read_metrics(str(tmp_path))
+  for g, w in zip(got, want_metrics, strict=True):
+    assert g["reward"] == w["reward"] and g["kept_acc"] == w["kept_acc"], (g, w)
+    assert g["loss"] == pytest.approx(w["loss"], rel=1e-5, abs=1e-7)
+  _assert_params_close(trainer.state.params, want_params)
+  # It really ran sharded: parameters split over the mesh, none of the big ones replicated,
+  # the optimiser moments laid out like their parameters.
+  params = trainer.state.params
+  assert sum(not x.sharding.is_fully_replicated for x in jax.tree.leaves(params)) > 5
+  sharding_lib.check_not_replicated(params, trainer.placement.param_shardings(params),
+                                    min_bytes=64 << 10)
+  mu = trainer.state.opt_state[1][0].mu  # clip_by_global_norm, then adamw's scale_by_adam
+  assert [x.sharding for x in jax.tree.leaves(mu)] == [
+      x.sharding for x in jax.tree.leaves(params)]
+  assert expert_parallel and any(expert_parallel) == (TRAINER_MESHES[name].get("expert", 1) > 1)
+
+
+def test_offloaded_optimizer_state_resumes_on_another_mesh(one_device_run, tmp_path):
+  """One step on a data x FSDP mesh with the optimiser state in pinned host memory, then the
+  same command resumed from its checkpoint on one device without offload: the second step
+  ends where the straight one-device run ends (the checkpoint carries no layout)."""
+  from models import remat
+  if not remat.host_memory_supported():
+    pytest.skip("no pinned host memory here")
+  sft_ckpt, want_params, want_metrics = one_device_run
+  first = Trainer(mesh_config(sft_ckpt, {"data": 2, "fsdp": 4}, **{"train.steps": 1,
+                                                                     "optim.offload_state": True}),
+                  str(tmp_path))
+  first.run()
+  assert {x.sharding.memory_kind for x in jax.tree.leaves(first.state.opt_state)} == {
+      remat.HOST_MEMORY}
+  assert read_metrics(str(tmp_path))[0]["loss"] == pytest.approx(want_metrics[0]["loss"],
+                                                                 rel=1e-5, abs=1e-7)
+  resumed = Trainer(mesh_config(sft_ckpt), str(tmp_path))
+  assert resumed.start_step == 1 and resumed.placement.size == 1
+  resumed.run()
+  _assert_params_close(resumed.state.params, want_params)
+  assert read_metrics(str(tmp_path))[-1]["reward"] == want_metrics[-1]["reward"]
+
+
+def test_mesh_auto_builds_the_planned_mesh(tmp_path):
+  """config.mesh.auto: the trainer lays the run out on the planner's best mesh for the
+  config's devices and device kind."""
+  from models import planner
+  c = small_config(**{"mesh.auto": True, "mesh.devices": 8, "mesh.device_kind": "h100"})
+  best = planner.best_mesh(c, 8, planner.DEVICES["h100"])
+  trainer = Trainer(c, str(tmp_path))
+  assert trainer.placement.plan == best
+  assert dict(trainer.placement.mesh.shape) == best.mesh
+  assert trainer.placement.size == 8
+
+
+def test_mesh_needing_more_devices_than_there_are_is_refused(tmp_path):
+  with pytest.raises(ValueError, match="config.mesh.devices=16"):
+    Trainer(small_config(**{"mesh.devices": 16}), str(tmp_path))
+
+
+def test_sft_on_a_mesh_matches_one_device(tmp_path):
+  """Two SFT epochs (packed rows, DSA dense warm-up then sparse) with parameters and AdamW
+  state sharded over data x FSDP x tensor give the one-device losses (fp32, rel <= 1e-5)."""
+  from rl import sft
+  overrides = {"sft.epochs": 2, "sft.dense_warmup_steps": 2, "sft.pack": True}
+  one = sft.run(small_config(**overrides), str(tmp_path / "one"))
+  c = small_config(**overrides)
+  c.mesh.devices = 8
+  c.mesh.shape.update(data=2, fsdp=2, tensor=2)
+  mesh = sft.run(c, str(tmp_path / "mesh"))
+  for key in ("sft/eval_loss_start", "sft/eval_loss", "sft/train_loss"):
+    assert mesh[key] == pytest.approx(one[key], rel=1e-5), key
+
+
+def test_streaming_rollouts_carry_groups_over_to_later_steps(one_device_run, tmp_path):
+  """config.rollout.streaming: the pool starts with twice the step's groups, so each later
+  step's batch mixes groups started under the current weights with groups left over from the
+  step before (alpha = 0.5); no token is older than max_staleness = 1 version, and the first
+  step, sampled entirely by the current policy, is on-policy (ratio 1)."""
+  sft_ckpt = one_device_run[0]
+  c = mesh_config(sft_ckpt, **{"train.steps": 3, "rollout.streaming.enabled": True,
+                               "rollout.streaming.round_tokens": 4,
+                               "rl.dynamic_sampling": False})
+  Trainer(c, str(tmp_path)).run()
+  rows = read_metrics(str(tmp_path))
+  assert rows[0]["stream/old_groups"] == 0 and abs(rows[0]["approx_kl"]) < 1e-5
+  assert all(r["stream/fresh_groups"] + r["stream/old_groups"] == 4 for r in rows)
+  assert any(r["stream/old_groups"] > 0 for r in rows[1:])
+  assert all(r["stream/token_staleness_max"] <= 1 for r in rows)
+  assert all(np.isfinite(r["loss"]) and r["skipped"] == 0 for r in rows)

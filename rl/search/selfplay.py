@@ -235,7 +235,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   c = config
   o = c.o1
   common.validate(c)
-  common.check_single_device_run(c)
+  common.check_single_device_run(c, "O1-Coder self-play (config.job='o1_coder')")
   os.makedirs(workdir, exist_ok=True)
   t_start = time.perf_counter()
   tokenizer = load_tokenizer(c.tokenizer)
