@@ -9,7 +9,7 @@ on a laptop) it is a `jax.sharding.AbstractMesh` and every per-device size comes
 partition spec under the logical-axis rules of models/sharding.py. When the mesh fits on the local
 devices, the policy update (rl/train_step.py) is also compiled for it and XLA's memory analysis is
 reported; otherwise the activation memory is an analytic estimate, labelled as such (see
-`activation_bytes_per_token`).
+models/memory.py `activation_bytes_per_token`).
 """
 
 from __future__ import annotations
@@ -20,28 +20,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
 from configs import common
 from models import cache as cache_lib
+from models import memory
 from models import remat as remat_lib
 from models import sharding as sharding_lib
 from models.config import ModelConfig, get_config
-from models.transformer import ShapeOnlyRngs, Transformer
 from rl import train_step as ts
 
 GiB = 2**30
-# Prompt tokens assumed in front of every response when sizing the train step's sequences (at
-# most what the model's context leaves next to config.rollout.max_new_tokens).
-DEFAULT_PROMPT_LEN = 1024
-
-
-def abstract_model(cfg: ModelConfig):
-  """(graphdef, params, rest) of `Transformer(cfg)` holding jax.ShapeDtypeStructs."""
-  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=ShapeOnlyRngs()))
-  return nnx.split(model, nnx.Param, ...)
 
 
 def mesh_for(config: ml_collections.ConfigDict,
@@ -65,33 +55,6 @@ def mesh_for(config: ml_collections.ConfigDict,
   sizes = tuple(ici[a] * dcn[a] for a in sharding_lib.MESH_AXES)
   return AbstractMesh(sizes, sharding_lib.MESH_AXES,
                       axis_types=(AxisType.Auto,) * len(sizes)), False
-
-
-def tree_bytes(tree, shardings=None) -> int:
-  """Bytes of a tree of arrays / ShapeDtypeStructs: in total, or per device of `shardings`."""
-  leaves = jax.tree.leaves(tree)
-  specs = jax.tree.leaves(shardings) if shardings is not None else [None] * len(leaves)
-  total = 0
-  for leaf, sharding in zip(leaves, specs, strict=True):
-    shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
-    total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
-  return total
-
-
-def mirror_shardings(tree, params, param_shardings, mesh):
-  """Shardings for an optimiser state: subtrees shaped like `params` (Adam's moments) take the
-  parameters' shardings, everything else (step counts) is replicated."""
-  params_def = jax.tree.structure(params)
-  replicated = NamedSharding(mesh, PartitionSpec())
-
-  def is_param_tree(x) -> bool:
-    return jax.tree.structure(x) == params_def
-
-  def one(sub):
-    if is_param_tree(sub):
-      return param_shardings
-    return jax.tree.map(lambda _: replicated, sub)
-  return jax.tree.map(one, tree, is_leaf=is_param_tree)
 
 
 def micro_batch_rows(config) -> int:
@@ -120,96 +83,13 @@ def batch_spec(config, cfg: ModelConfig, rows: int, length: int) -> dict[str, ja
   return batch
 
 
-def activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1,
-                               kernel_backend: str = "tpu", remat: str | None = None) -> float:
-  """Analytic bytes one token keeps alive in device memory for the backward pass of the policy
-  loss (+-2x: XLA fusion decides what is really saved).
-
-  Per layer without rematerialisation: ~6 d-wide residual / norm tensors; the attention
-  projections (q, k, v, output, MLA latents); the attention logits and probabilities in fp32
-  plus a compute-dtype copy over every key (dense attention materialises [heads, T, T]) or over
-  the top-k keys under DSA (none with the compiled TPU / GPU kernels, which keep a log-sum-exp);
-  the feed-forward's gate, up and product (k routed + shared experts for MoE, plus the
-  dispatched token copies). Then the fp32 logits, log-probs, probabilities and logit gradients
-  of the vocabulary. Head-, mlp- and vocab-wide terms are divided by the "tensor" axis size.
-
-  The layer being differentiated also holds gradients as large as its activations. `remat`
-  (default cfg.remat; models/remat.py): every layer keeps its input and what the policy saves
-  (`_layer_activation_bytes`), and the layer being differentiated holds about its whole set
-  while its forward is recomputed and differentiated. Offloaded tensors are not counted here
-  (see `offloaded_activation_bytes_per_token`). Checked against XLA:CPU's compiled peak of
-  small dense and MLA models (tests/test_planner.py); the CPU's MoE path computes every expert
-  densely, so MoE models compile to ~1.5x this there.
-  """
-  remat = cfg.remat if remat is None else remat
-  layers = [_layer_activation_bytes(cfg, i, length, tensor, kernel_backend, remat)
-            for i in range(cfg.n_layers)]
-  vocab = 16 * cfg.vocab_size / tensor
-  widest = max(layer["all"] for layer in layers)
-  if remat == "none":
-    return sum(layer["all"] for layer in layers) + widest + vocab
-  return sum(layer["device"] for layer in layers) + widest + vocab
-
-
-def offloaded_activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1,
-                                         kernel_backend: str = "tpu",
-                                         remat: str | None = None) -> float:
-  """Analytic bytes per token the offloading remat policies keep in pinned host memory."""
-  remat = cfg.remat if remat is None else remat
-  return sum(_layer_activation_bytes(cfg, i, length, tensor, kernel_backend, remat)["host"]
-             for i in range(cfg.n_layers))
-
-
-def _layer_activation_bytes(cfg: ModelConfig, layer: int, length: int, tensor: int,
-                            kernel_backend: str, remat: str) -> dict[str, float]:
-  """Per token of one layer: "all" it would keep without remat, "device" / "host" what it
-  keeps in device / host memory under `remat`. Saved matmul outputs: the projections, the d-wide
-  attention and feed-forward outputs, the gate and up products (2/3 of the feed-forward term)
-  and, for "dots", the attention scores (a matmul with batch dimensions)."""
-  b = jnp.dtype(cfg.dtype).itemsize
-  d, h = cfg.d_model, cfg.n_heads
-  if cfg.attention == "gqa":
-    dh = cfg.gqa_head_dim
-    proj = (2 * h + 2 * cfg.kv_heads) * dh * b / tensor
-    keys = length
-  else:
-    latent = cfg.q_lora_rank + cfg.kv_lora_rank + cfg.qk_rope_head_dim
-    if cfg.dsa:  # absorbed MLA over the indexer's top-k
-      wide = h * (cfg.qk_head_dim + (cfg.kv_lora_rank + cfg.qk_rope_head_dim) + cfg.kv_lora_rank
-                  + cfg.v_head_dim)
-      keys = cfg.index_topk if kernel_backend in ("reference", "interpret") else 0
-      if keys:  # the reference gathers the top-k latents of every query
-        wide += keys * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
-    else:
-      wide = h * (2 * cfg.qk_head_dim + 2 * cfg.v_head_dim)
-      keys = length
-    proj = latent * b + wide * b / tensor
-  scores = (8 + b) * h * keys / tensor + (4 * h + 4 * cfg.index_topk if cfg.dsa else 0)
-  if cfg.is_moe_layer(layer):
-    experts = cfg.n_experts_per_tok + cfg.n_shared_experts
-    ffn = (3 * experts * cfg.moe_mlp_dim * b / tensor + 2 * cfg.n_experts_per_tok * d * b
-           + 4 * cfg.n_experts)
-  else:
-    ffn = 3 * cfg.mlp_dim * b / tensor
-  keep_all = 6 * d * b + proj + scores + ffn
-  layer_input = d * b
-  dots_no_batch = proj + 2 * d * b + 2 * ffn / 3
-  saved = {"none": keep_all - layer_input, "full": 0.0, "dots_no_batch": dots_no_batch,
-           "dots": dots_no_batch + b * h * keys / tensor,
-           "names": len(remat_lib.parse_names(cfg.remat_names)) * d * b}
-  offloaded = {"offload_names": "names", "offload_dots_no_batch": "dots_no_batch"}
-  if remat in offloaded:
-    return {"all": keep_all, "device": layer_input, "host": saved[offloaded[remat]]}
-  return {"all": keep_all, "device": layer_input + saved[remat], "host": 0.0}
-
-
 def _replicated_params(params, shardings, mesh, min_bytes: int = 1 << 20) -> list:
   if mesh.size == 1:
     return []
   found: dict[str, int] = {}
   for (path, var), (_, sharding) in zip(params.flat_state(), shardings.flat_state()):
     value = var.get_value() if isinstance(var, nnx.Variable) else var
-    nbytes = tree_bytes(value)
+    nbytes = memory.tree_bytes(value)
     if nbytes >= min_bytes and sharding.is_fully_replicated:
       name = "/".join("*" if isinstance(k, int) else str(k) for k in path)
       found[name] = found.get(name, 0) + nbytes
@@ -229,11 +109,11 @@ def _axis_factor(spec: PartitionSpec, mesh) -> int:
 def _critic_bytes(cfg: ModelConfig, optimizer, mesh) -> int:
   """Per-device parameters, AdamW state and gradients (x2) of the critic (a scalar head on the
   policy's trunk, as rl/trainer.py builds it)."""
-  _, params, _ = abstract_model(cfg.replace(head="scalar", tie_embeddings=False))
+  _, params, _ = memory.abstract_model(cfg.replace(head="scalar", tie_embeddings=False))
   shardings = sharding_lib.state_shardings(params, mesh)
   opt_state = jax.eval_shape(optimizer.init, params)
-  return (3 * tree_bytes(params, shardings)
-          + tree_bytes(opt_state, mirror_shardings(opt_state, params, shardings, mesh)))
+  opt_shardings = sharding_lib.optimizer_shardings(opt_state, params, shardings, mesh)
+  return 3 * memory.tree_bytes(params, shardings) + memory.tree_bytes(opt_state, opt_shardings)
 
 
 def _compiled_memory(config, mesh, graphdef, params, rest, param_shardings, optimizer, opt_state,
@@ -282,21 +162,21 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   if compile_step and not concrete:
     raise ValueError(f"cannot compile: the mesh needs {mesh.size} devices, "
                      f"{jax.device_count()} here")
-  graphdef, params, rest = abstract_model(cfg)
+  graphdef, params, rest = memory.abstract_model(cfg)
   param_shardings = sharding_lib.state_shardings(params, mesh)
   optimizer = ts.make_optimizer(lr=config.optim.lr, warmup_steps=config.optim.warmup_steps,
                                 weight_decay=config.optim.weight_decay,
                                 grad_clip=config.optim.grad_clip, b1=config.optim.b1,
                                 b2=config.optim.b2)
   opt_state = jax.eval_shape(optimizer.init, params)
-  opt_shardings = mirror_shardings(opt_state, params, param_shardings, mesh)
+  opt_shardings = sharding_lib.optimizer_shardings(opt_state, params, param_shardings, mesh)
 
   total_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
   inactive = 0
   if cfg.is_moe:
     inactive = cfg.n_moe_layers * (cfg.n_experts - cfg.n_experts_per_tok) * 3 * cfg.d_model * (
         cfg.moe_mlp_dim)
-  param_bytes = tree_bytes(params, param_shardings)
+  param_bytes = memory.tree_bytes(params, param_shardings)
   replicated = _replicated_params(params, param_shardings, mesh)
   out: dict[str, Any] = {
       "model": config.model.preset + ("" if cfg == get_config(config.model.preset)
@@ -309,13 +189,13 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
       "params_total": total_params,
       "params_active": total_params - inactive,
       "param_dtype": cfg.param_dtype,
-      "param_bytes_total": tree_bytes(params),
+      "param_bytes_total": memory.tree_bytes(params),
       "param_bytes_per_device": param_bytes,
       # What sharding_lib.check_not_replicated would reject: (name, bytes) of the parameters
       # of >= 1 MiB left whole on every device (one entry per name, layers merged).
       "replicated_params": replicated,
       "optimizer_dtypes": sorted({str(x.dtype) for x in jax.tree.leaves(opt_state) if x.ndim}),
-      "optimizer_bytes_per_device": tree_bytes(opt_state, opt_shardings),
+      "optimizer_bytes_per_device": memory.tree_bytes(opt_state, opt_shardings),
       # The accumulated gradients plus one micro-batch's, in the parameters' layout.
       "gradient_bytes_per_device": 2 * param_bytes,
       "reference_bytes_per_device": param_bytes if (config.rl.kl_coef
@@ -330,7 +210,8 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   out["critic_bytes_per_device"] = critic_bytes
 
   if prompt_len is None:
-    prompt_len = max(1, min(DEFAULT_PROMPT_LEN, cfg.max_seq_len - config.rollout.max_new_tokens))
+    prompt_len = max(1, min(memory.DEFAULT_PROMPT_LEN,
+                            cfg.max_seq_len - config.rollout.max_new_tokens))
   length = prompt_len + config.rollout.max_new_tokens
   rows = micro_batch_rows(config)
   batch = batch_spec(config, cfg, rows, length)
@@ -344,8 +225,8 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   backend = config.kernel_backend
   if backend == "auto":  # kernels/__init__.py: the reference on CPU, compiled kernels elsewhere
     backend = "reference" if concrete and jax.default_backend() == "cpu" else "compiled"
-  per_token = activation_bytes_per_token(cfg, length, tensor=tensor, kernel_backend=backend)
-  host_per_token = offloaded_activation_bytes_per_token(cfg, length, tensor=tensor,
+  per_token = memory.activation_bytes_per_token(cfg, length, tensor=tensor, kernel_backend=backend)
+  host_per_token = memory.offloaded_activation_bytes_per_token(cfg, length, tensor=tensor,
                                                         kernel_backend=backend)
   offload_state = bool(config.optim.offload_state)
   out.update(
@@ -356,7 +237,7 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
       tokens_per_device=tokens_per_device, batch_shards=batch_axes,
       activation_bytes_per_token=per_token,
       activation_bytes_per_device=per_token * tokens_per_device,
-      batch_bytes_per_device=tree_bytes(batch, batch_shardings) * config.train.micro_batches,
+      batch_bytes_per_device=memory.tree_bytes(batch, batch_shardings) * config.train.micro_batches,
       kv_cache_bytes_per_sequence=cache_lib.cache_bytes(cfg, 1, length),
       max_seq_len=cfg.max_seq_len)
   out["static_bytes_per_device"] = (param_bytes

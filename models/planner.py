@@ -8,7 +8,7 @@ estimates per device:
   memory  parameters, AdamW state, gradients (accumulator + one micro-batch), the frozen KL
           reference and the critic, exactly from the parameters' partition specs under the
           logical-axis rules of models/sharding.py; activations of one micro-batch from
-          launch/dry_run.py `activation_bytes_per_token` (remat-aware); the batch; and, for the
+          models/memory.py `activation_bytes_per_token` (remat-aware); the batch; and, for the
           rollout that shares the devices, the KV cache of the step's sequences next to the
           resident parameters and optimiser state. A plan fits when the larger of the update's
           and the rollout's peak is within `USABLE_HBM_FRACTION` of the device's HBM.
@@ -41,6 +41,7 @@ import numpy as np
 
 from models import cache as cache_lib
 from models import flops as flops_lib
+from models import memory
 from models import sharding as sharding_lib
 from models.config import ModelConfig
 from models.remat import REMAT_POLICIES
@@ -92,7 +93,7 @@ DEVICES: dict[str, DeviceSpec] = {
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-  """The shapes of one RL step's training (launch/dry_run.py sizes the same step)."""
+  """The shapes of one RL step's training (launch/memory.py sizes the same step)."""
 
   sequences: int  # per RL step: prompts x samples
   length: int  # prompt + response tokens per sequence
@@ -141,8 +142,7 @@ class _Model:
   """The parameter leaves of a ModelConfig (abstract: nothing is allocated), grouped."""
 
   def __init__(self, cfg: ModelConfig):
-    from launch import dry_run  # the abstract model and optimiser sizing live there
-    _, params, _ = dry_run.abstract_model(cfg)
+    _, params, _ = memory.abstract_model(cfg)
     groups: dict[tuple, int] = {}
     for _, var in params.flat_state():
       value = var.get_value()
@@ -153,7 +153,7 @@ class _Model:
     self.total_bytes = sum(math.prod(x.shape) * x.itemsize * x.count for x in self.leaves)
     optimizer = _adamw()
     opt_state = jax.eval_shape(optimizer.init, params)
-    self.optimizer_ratio = dry_run.tree_bytes(opt_state) / self.total_bytes
+    self.optimizer_ratio = memory.tree_bytes(opt_state) / self.total_bytes
 
   @functools.lru_cache(maxsize=None)
   def bytes_per_device(self, fsdp: int, expert: int, tensor: int) -> float:
@@ -250,7 +250,6 @@ def _remat_flops_factor(remat: str) -> tuple[float, float]:
 def estimate(cfg: ModelConfig, work: Workload, mesh: dict[str, int], device: DeviceSpec,
              remat: str) -> Plan:
   """Memory per device and step time of one plan (see the module docstring)."""
-  from launch import dry_run
   model = _model(cfg)
   sizes = _shape_only_mesh(mesh).shape
   n_devices = math.prod(sizes.values())
@@ -271,12 +270,13 @@ def estimate(cfg: ModelConfig, work: Workload, mesh: dict[str, int], device: Dev
   if redundancy > 1:
     notes.append(f"micro-batch of {work.micro_rows} rows replicated over some batch axes")
   tokens = work.micro_rows * work.length / batch_shards
-  per_token = dry_run.activation_bytes_per_token(
+  per_token = memory.activation_bytes_per_token(
       cfg, work.length, tensor=sizes["tensor"], kernel_backend=work.kernel_backend, remat=remat)
-  host_per_token = dry_run.offloaded_activation_bytes_per_token(
+  host_per_token = memory.offloaded_activation_bytes_per_token(
       cfg, work.length, tensor=sizes["tensor"], kernel_backend=work.kernel_backend, remat=remat)
   activations = per_token * tokens
-  # tokens, masks, log-probs, advantages (dry_run.batch_spec): 4 bytes each, all micro-batches.
+  # tokens, masks, log-probs, advantages (launch/dry_run.py batch_spec): 4 bytes each, all
+  # micro-batches.
   batch = 5 * 4 * tokens * work.micro_batches
   optimizer_device = 0.0 if work.offload_optimizer else optimizer
   update_peak = (params + optimizer_device + gradients + reference + critic + activations
@@ -285,7 +285,7 @@ def estimate(cfg: ModelConfig, work: Workload, mesh: dict[str, int], device: Dev
   kv_heads_split = sizes["tensor"] if cfg.attention == "gqa" else 1
   kv_cache = _kv_bytes_per_sequence(cfg, work.rollout_length) * rollout_rows / kv_heads_split
   rollout_peak = params + optimizer_device + reference + critic + kv_cache
-  memory = dict(params=params, optimizer=optimizer_device, gradients=gradients,
+  mem = dict(params=params, optimizer=optimizer_device, gradients=gradients,
                 reference=reference, critic=critic, activations=activations, batch=batch,
                 kv_cache=kv_cache, update=update_peak, rollout=rollout_peak,
                 peak=max(update_peak, rollout_peak),
@@ -310,7 +310,7 @@ def estimate(cfg: ModelConfig, work: Workload, mesh: dict[str, int], device: Dev
                                   _axis_bandwidth(sizes, "fsdp", device)))
   data = work.mini_batches * 2 * _ring_s(params, sizes["data"],
                                          _axis_bandwidth(sizes, "data", device))
-  host = (micro_steps * 2 * memory["host"] if remat.startswith("offload") else 0.0)
+  host = (micro_steps * 2 * mem["host"] if remat.startswith("offload") else 0.0)
   if work.offload_optimizer:
     host += work.mini_batches * 2 * optimizer
   host /= device.host_bandwidth
@@ -330,9 +330,9 @@ def estimate(cfg: ModelConfig, work: Workload, mesh: dict[str, int], device: Dev
   overlapped = fsdp + data + host
   time = dict(compute=compute, hbm=hbm, fsdp=fsdp, data=data, host=host, tensor=tensor,
               expert=expert, step=max(compute, hbm, overlapped) + tensor + expert)
-  fits = memory["peak"] <= USABLE_HBM_FRACTION * device.hbm_bytes
+  fits = mem["peak"] <= USABLE_HBM_FRACTION * device.hbm_bytes
   return Plan(mesh=dict(sizes), remat=remat, offload_optimizer=work.offload_optimizer,
-              memory=memory, time=time, fits=fits, notes=tuple(notes))
+              memory=mem, time=time, fits=fits, notes=tuple(notes))
 
 
 def rank(plans: Iterable[Plan]) -> list[Plan]:
@@ -359,13 +359,12 @@ def plan(cfg: ModelConfig, work: Workload, devices: int, device: DeviceSpec, *,
 
 def workload(config, *, prompt_len: int | None = None,
              rollout_sequences: int | None = None) -> Workload:
-  """The Workload of a training config (the sequence length launch/dry_run.py assumes); the
+  """The Workload of a training config (the sequence length launch/memory.py assumes); the
   rollout decodes all of a step's sequences at once unless `rollout_sequences` says less."""
   from configs import common
-  from launch import dry_run
   cfg = common.model_config(config)
   if prompt_len is None:
-    prompt_len = max(1, min(dry_run.DEFAULT_PROMPT_LEN,
+    prompt_len = max(1, min(memory.DEFAULT_PROMPT_LEN,
                             cfg.max_seq_len - config.rollout.max_new_tokens))
   length = prompt_len + config.rollout.max_new_tokens
   backend = config.kernel_backend

@@ -163,6 +163,22 @@ def state_shardings(state: Any, mesh: Mesh, rules=DEFAULT_RULES) -> Any:
   return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def optimizer_shardings(opt_state: Any, params: Any, param_shardings: Any, mesh) -> Any:
+  """Shardings for an optimiser state (arrays or abstract): subtrees shaped like `params`
+  (Adam's moments) take `param_shardings`, everything else (step counts) is replicated."""
+  params_def = jax.tree.structure(params)
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  def is_param_tree(x) -> bool:
+    return jax.tree.structure(x) == params_def
+
+  def one(sub):
+    if is_param_tree(sub):
+      return param_shardings
+    return jax.tree.map(lambda _: replicated, sub)
+  return jax.tree.map(one, opt_state, is_leaf=is_param_tree)
+
+
 def logical_sharding(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
                      rules=DEFAULT_RULES) -> NamedSharding:
   """The NamedSharding of an array (e.g. an activation or a batch field) with logical axes."""

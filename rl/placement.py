@@ -91,28 +91,14 @@ class Placement:
     """`params` (an nnx State, on any device or the host) laid out by their logical axes."""
     return jax.device_put(params, self.param_shardings(params))
 
-  def optimizer_shardings(self, opt_state: Any, params: Any) -> Any:
-    """Parameter-shaped subtrees of an optimiser state take the parameters' shardings; the
-    rest (step counts, scalars) is replicated."""
-    param_shardings = self.param_shardings(params)
-    params_def = jax.tree.structure(params)
-
-    def is_param_tree(x) -> bool:
-      return jax.tree.structure(x) == params_def
-
-    def one(sub):
-      if is_param_tree(sub):
-        return param_shardings
-      return jax.tree.map(lambda _: self.replicated, sub)
-    return jax.tree.map(one, opt_state, is_leaf=is_param_tree)
-
   def train_state(self, params: Any, optimizer: optax.GradientTransformation, *,
                   offload: bool = False) -> ts.TrainState:
     """A fresh TrainState of `params`: parameters placed, optimiser state created in place
     (in pinned host memory with `offload`)."""
     params = self.put_params(params)
     abstract = jax.eval_shape(optimizer.init, params)
-    shardings = self.optimizer_shardings(abstract, params)
+    shardings = sharding_lib.optimizer_shardings(abstract, params,
+                                                 self.param_shardings(params), self.mesh)
     if offload:
       shardings = remat_lib.host_shardings(shardings)
     opt_state = jax.jit(optimizer.init, out_shardings=shardings)(params)

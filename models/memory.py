@@ -1,0 +1,122 @@
+"""Analytic memory of a model: its parameters built abstractly (nothing allocated), the bytes
+of a tree of arrays per device of a sharding, and the activation bytes one token keeps alive
+for the backward pass under each rematerialisation policy. launch/dry_run.py reports them for
+a config's mesh and models/planner.py ranks meshes with them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models import remat as remat_lib
+from models.config import ModelConfig
+from models.transformer import ShapeOnlyRngs, Transformer
+
+# Prompt tokens assumed in front of every response when sizing the train step's sequences (at
+# most what the model's context leaves next to config.rollout.max_new_tokens).
+DEFAULT_PROMPT_LEN = 1024
+
+
+def abstract_model(cfg: ModelConfig):
+  """(graphdef, params, rest) of `Transformer(cfg)` holding jax.ShapeDtypeStructs."""
+  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=ShapeOnlyRngs()))
+  return nnx.split(model, nnx.Param, ...)
+
+
+def tree_bytes(tree, shardings=None) -> int:
+  """Bytes of a tree of arrays / ShapeDtypeStructs: in total, or per device of `shardings`."""
+  leaves = jax.tree.leaves(tree)
+  specs = jax.tree.leaves(shardings) if shardings is not None else [None] * len(leaves)
+  total = 0
+  for leaf, sharding in zip(leaves, specs, strict=True):
+    shape = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
+    total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
+  return total
+
+
+def activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1,
+                               kernel_backend: str = "tpu", remat: str | None = None) -> float:
+  """Analytic bytes one token keeps alive in device memory for the backward pass of the policy
+  loss (+-2x: XLA fusion decides what is really saved).
+
+  Per layer without rematerialisation: ~6 d-wide residual / norm tensors; the attention
+  projections (q, k, v, output, MLA latents); the attention logits and probabilities in fp32
+  plus a compute-dtype copy over every key (dense attention materialises [heads, T, T]) or over
+  the top-k keys under DSA (none with the compiled TPU / GPU kernels, which keep a log-sum-exp);
+  the feed-forward's gate, up and product (k routed + shared experts for MoE, plus the
+  dispatched token copies). Then the fp32 logits, log-probs, probabilities and logit gradients
+  of the vocabulary. Head-, mlp- and vocab-wide terms are divided by the "tensor" axis size.
+
+  The layer being differentiated also holds gradients as large as its activations. `remat`
+  (default cfg.remat; models/remat.py): every layer keeps its input and what the policy saves
+  (`_layer_activation_bytes`), and the layer being differentiated holds about its whole set
+  while its forward is recomputed and differentiated. Offloaded tensors are not counted here
+  (see `offloaded_activation_bytes_per_token`). Checked against XLA:CPU's compiled peak of
+  small dense and MLA models (tests/test_planner.py); the CPU's MoE path computes every expert
+  densely, so MoE models compile to ~1.5x this there.
+  """
+  remat = cfg.remat if remat is None else remat
+  layers = [_layer_activation_bytes(cfg, i, length, tensor, kernel_backend, remat)
+            for i in range(cfg.n_layers)]
+  vocab = 16 * cfg.vocab_size / tensor
+  widest = max(layer["all"] for layer in layers)
+  if remat == "none":
+    return sum(layer["all"] for layer in layers) + widest + vocab
+  return sum(layer["device"] for layer in layers) + widest + vocab
+
+
+def offloaded_activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1,
+                                         kernel_backend: str = "tpu",
+                                         remat: str | None = None) -> float:
+  """Analytic bytes per token the offloading remat policies keep in pinned host memory."""
+  remat = cfg.remat if remat is None else remat
+  return sum(_layer_activation_bytes(cfg, i, length, tensor, kernel_backend, remat)["host"]
+             for i in range(cfg.n_layers))
+
+
+def _layer_activation_bytes(cfg: ModelConfig, layer: int, length: int, tensor: int,
+                            kernel_backend: str, remat: str) -> dict[str, float]:
+  """Per token of one layer: "all" it would keep without remat, "device" / "host" what it
+  keeps in device / host memory under `remat`. Saved matmul outputs: the projections, the d-wide
+  attention and feed-forward outputs, the gate and up products (2/3 of the feed-forward term)
+  and, for "dots", the attention scores (a matmul with batch dimensions)."""
+  b = jnp.dtype(cfg.dtype).itemsize
+  d, h = cfg.d_model, cfg.n_heads
+  if cfg.attention == "gqa":
+    dh = cfg.gqa_head_dim
+    proj = (2 * h + 2 * cfg.kv_heads) * dh * b / tensor
+    keys = length
+  else:
+    latent = cfg.q_lora_rank + cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    if cfg.dsa:  # absorbed MLA over the indexer's top-k
+      wide = h * (cfg.qk_head_dim + (cfg.kv_lora_rank + cfg.qk_rope_head_dim) + cfg.kv_lora_rank
+                  + cfg.v_head_dim)
+      keys = cfg.index_topk if kernel_backend in ("reference", "interpret") else 0
+      if keys:  # the reference gathers the top-k latents of every query
+        wide += keys * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+    else:
+      wide = h * (2 * cfg.qk_head_dim + 2 * cfg.v_head_dim)
+      keys = length
+    proj = latent * b + wide * b / tensor
+  scores = (8 + b) * h * keys / tensor + (4 * h + 4 * cfg.index_topk if cfg.dsa else 0)
+  if cfg.is_moe_layer(layer):
+    experts = cfg.n_experts_per_tok + cfg.n_shared_experts
+    ffn = (3 * experts * cfg.moe_mlp_dim * b / tensor + 2 * cfg.n_experts_per_tok * d * b
+           + 4 * cfg.n_experts)
+  else:
+    ffn = 3 * cfg.mlp_dim * b / tensor
+  keep_all = 6 * d * b + proj + scores + ffn
+  layer_input = d * b
+  dots_no_batch = proj + 2 * d * b + 2 * ffn / 3
+  saved = {"none": keep_all - layer_input, "full": 0.0, "dots_no_batch": dots_no_batch,
+           "dots": dots_no_batch + b * h * keys / tensor,
+           "names": len(remat_lib.parse_names(cfg.remat_names)) * d * b}
+  offloaded = {"offload_names": "names", "offload_dots_no_batch": "dots_no_batch"}
+  if remat in offloaded:
+    return {"all": keep_all, "device": layer_input, "host": saved[offloaded[remat]]}
+  return {"all": keep_all, "device": layer_input + saved[remat], "host": 0.0}
