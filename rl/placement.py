@@ -121,7 +121,13 @@ class Placement:
     return {k: sharding_lib.put_global(v, self.batch_sharding(np.shape(v)))
             for k, v in batch.items()}
 
-  def row_multiple(self) -> int:
-    """How many ways the batch axes split rows (a mini-batch that is a multiple of it is
-    spread over every device)."""
-    return math.prod(self.mesh.shape[a] for a in ("data", "fsdp", "expert"))
+  def warn_unsplit_rows(self, rows: int, what: str) -> bool:
+    """Logs a warning (and returns True) when `rows` do not split over the batch axes: they
+    are then replicated over those axes, every device repeating the same rows' compute."""
+    ways = math.prod(self.mesh.shape[a] for a in ("data", "fsdp", "expert"))
+    if rows % ways == 0:
+      return False
+    logging.warning("%s of %d rows does not split over the mesh's batch axes (data x fsdp x "
+                    "expert = %d): those rows are replicated and their compute repeated on "
+                    "every device; make it a multiple of %d", what, rows, ways, ways)
+    return True

@@ -150,6 +150,10 @@ class Trainer:
                        "multi-turn tool episodes are not streamed; turn one of them off")
     # The mesh (config.mesh) every parameter, optimiser state and batch is laid out on.
     self.placement = Placement.from_config(c)
+    self.placement.warn_unsplit_rows(
+        c.train.prompts_per_step * c.train.samples_per_prompt // c.train.mini_batches
+        // c.train.micro_batches,
+        "a micro-batch (prompts_per_step x samples_per_prompt / mini_batches / micro_batches)")
     policy = common.build_policy(c, self.placement.mesh)
     self.graphdef, params, self.rest = nnx.split(policy, nnx.Param, ...)
     self.rest = jax.device_put(self.rest, self.placement.replicated)

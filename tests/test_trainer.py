@@ -368,6 +368,16 @@ def test_mesh_auto_builds_the_planned_mesh(tmp_path):
   assert trainer.placement.size == 8
 
 
+def test_micro_batches_that_do_not_split_over_the_mesh_are_reported(tmp_path):
+  """4 x 4 sequences in 4 micro-batches are 4 rows each: on an 8-way data mesh they cannot be
+  split, so every device would repeat them; the trainer says so (and not for 16 rows)."""
+  from rl import placement
+  c = small_config(**{"mesh.devices": 8, "train.micro_batches": 4})
+  mesh = placement.Placement.from_config(c)
+  assert mesh.warn_unsplit_rows(4, "a micro-batch")
+  assert not mesh.warn_unsplit_rows(16, "a micro-batch")
+
+
 def test_mesh_needing_more_devices_than_there_are_is_refused(tmp_path):
   with pytest.raises(ValueError, match="config.mesh.devices=16"):
     Trainer(small_config(**{"mesh.devices": 16}), str(tmp_path))
