@@ -8,5 +8,23 @@ if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402  (must follow the XLA_FLAGS set-up)
+import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture
+def expert_parallel_choices(monkeypatch):
+  """The list of MoE dispatch choices (True: expert-parallel) made while the test runs: the
+  MoE layer picks expert parallelism from the ambient mesh through moe_ep.dispatch_for_mesh."""
+  from models import moe_ep
+  choices = []
+  dispatch = moe_ep.dispatch_for_mesh
+
+  def spy(local_fn, mesh=None):
+    experts = dispatch(local_fn, mesh)
+    choices.append(experts is not local_fn)
+    return experts
+
+  monkeypatch.setattr(moe_ep, "dispatch_for_mesh", spy)
+  return choices

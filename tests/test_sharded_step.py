@@ -15,7 +15,6 @@ import optax
 import pytest
 from flax import nnx
 
-from models import moe_ep
 from models import sharding as sharding_lib
 from models.transformer import build
 from rl import algorithms
@@ -95,21 +94,12 @@ def _assert_tree_close(got, want, what, rel=1e-5):
 
 @pytest.mark.parametrize("name", [
     pytest.param(n, marks=() if n in DEFAULT_MESHES else pytest.mark.slow) for n in MESHES])
-def test_sharded_update_matches_single_device(setup, name, monkeypatch):
+def test_sharded_update_matches_single_device(setup, name, expert_parallel_choices):
   """On mesh `name`, one update (parameters born sharded by their logical axes, the batch
   sharded over the batch axes, expert-parallel MoE dispatch where the mesh has an expert
   axis) gives the single-device loss, gradients and SGD-updated parameters (rel <= 1e-5)."""
   mesh = sharding_lib.make_mesh(MESHES[name])
-  # MoE.__call__ picks expert parallelism from the ambient mesh: record its choice.
-  expert_parallel = []
-  dispatch = moe_ep.dispatch_for_mesh
-
-  def spy(local_fn, mesh=None):
-    experts = dispatch(local_fn, mesh)
-    expert_parallel.append(experts is not local_fn)
-    return experts
-
-  monkeypatch.setattr(moe_ep, "dispatch_for_mesh", spy)
+  expert_parallel = expert_parallel_choices  # MoE's choice from the ambient mesh
 
   param_shardings = sharding_lib.state_shardings(setup["params"], mesh)
   params = jax.device_put(setup["params"], param_shardings)

@@ -297,21 +297,14 @@ def _assert_params_close(got, want, rel=1e-5):
 
 
 @pytest.mark.parametrize("name", list(TRAINER_MESHES))
-def test_trainer_on_a_mesh_matches_one_device(one_device_run, name, tmp_path, monkeypatch):
+def test_trainer_on_a_mesh_matches_one_device(one_device_run, name, tmp_path,
+                                              expert_parallel_choices):
   """Two RL steps (rollout, rewards, dynamic sampling, update) with parameters and optimiser
   state sharded over an 8-device mesh, and expert-parallel MoE dispatch where the mesh has an
   expert axis, give the one-device run's rewards, losses and parameters (fp32, rel <= 1e-5)."""
-  from models import moe_ep
   from models import sharding as sharding_lib
   sft_ckpt, want_params, want_metrics = one_device_run
-  expert_parallel = []
-  dispatch = moe_ep.dispatch_for_mesh
-
-  def spy(local_fn, mesh=None):
-    experts = dispatch(local_fn, mesh)
-    expert_parallel.append(experts is not local_fn)
-    return experts
-  monkeypatch.setattr(moe_ep, "dispatch_for_mesh", spy)
+  expert_parallel = expert_parallel_choices
 
   trainer = Trainer(mesh_config(sft_ckpt, TRAINER_MESHES[name]), str(tmp_path))
   assert trainer.placement.size == 8
