@@ -110,18 +110,18 @@ def run_benchmark(model: str, batch: int, seq_len: int, micro_batches: int, mesh
       k: sharding_lib.logical_sharding(("batch", "length")[:v.ndim], v.shape, mesh)
       for k, v in host_batch.items()}
   minibatch = jax.device_put(host_batch, batch_sharding)
-  update = ts.make_update(ts.policy_objective, graphdef, rest, optimizer,
+  update = ts.make_update(ts.policy_objective, graphdef, optimizer,
                           micro_batches=micro_batches, rl=algorithms.recipe(algorithm),
                           state_sharding=state_sharding, batch_sharding=batch_sharding,
                           temperature=1.0, max_len=seq_len)
   with jax.set_mesh(mesh):
-    state, metrics = update(state, minibatch)
+    state, metrics = update(state, rest, minibatch)
     float(metrics["loss"])
     compile_s = time.perf_counter() - start
     times = []
     for _ in range(repeats):
       start = time.perf_counter()
-      state, metrics = update(state, minibatch)
+      state, metrics = update(state, rest, minibatch)
       float(metrics["loss"])  # waits for the step
       times.append(time.perf_counter() - start)
 

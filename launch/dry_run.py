@@ -120,13 +120,13 @@ def _compiled_memory(config, mesh, graphdef, params, rest, param_shardings, opti
                      opt_shardings, batch, batch_shardings) -> dict[str, int]:
   """XLA's memory analysis of the policy update compiled for `mesh` (per device)."""
   replicated = NamedSharding(mesh, PartitionSpec())
-  # Buffers outside nnx.Param (e.g. the router's bias) are small; the update closes over them.
+  # Buffers outside nnx.Param (e.g. the router's bias) are small and replicated.
   rest_values = jax.tree.map(lambda s: jax.device_put(jnp.zeros(s.shape, s.dtype), replicated),
                              rest)
   state = ts.TrainState(params, opt_state, jax.ShapeDtypeStruct((), jnp.int32))
   state_shardings = ts.TrainState(param_shardings, opt_shardings, replicated)
   update = ts.make_update(
-      ts.policy_objective, graphdef, rest_values, optimizer,
+      ts.policy_objective, graphdef, optimizer,
       micro_batches=config.train.micro_batches, rl=config.rl.to_dict(),
       state_sharding=state_shardings, batch_sharding=batch_shardings,
       offload_optimizer=bool(config.optim.offload_state),
@@ -136,7 +136,7 @@ def _compiled_memory(config, mesh, graphdef, params, rest, param_shardings, opti
   # XLA:CPU would otherwise undo the rematerialisation (models/remat.py).
   options = remat_lib.CPU_KEEP_REMAT if jax.default_backend() == "cpu" else None
   with jax.set_mesh(mesh):
-    analysis = update.lower(state, full_batch).compile(compiler_options=options).memory_analysis()
+    analysis = update.lower(state, rest_values, full_batch).compile(compiler_options=options).memory_analysis()
   fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
             "temp_size_in_bytes")
   out = {f.replace("_size_in_bytes", ""): int(getattr(analysis, f)) for f in fields}

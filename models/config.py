@@ -71,7 +71,13 @@ class ModelConfig:
   n_group: int = 1  # group-limited routing (sigmoid_noaux): experts split into n_group groups
   topk_group: int = 1  # ... of which the best topk_group groups may be chosen
   moe_dispatch: str = "ragged"  # "dense" is the one-hot reference path
+  # Load balancing during training (rl/train_step.py, rl/sft.py). The auxiliary loss
+  # alpha * sum_e f_e P_e is computed per sequence and averaged (DeepSeek-V3's sequence-wise
+  # balance loss; HF's name for alpha); the bias rate is DeepSeek-V3's gamma: after every
+  # optimiser step (every RL step), bias_e += gamma * sign(mean load - load_e), for the
+  # "sigmoid_noaux" router's selection only (never trained by gradients).
   router_aux_loss_coef: float = 0.0
+  router_bias_rate: float = 0.0
   # --- Misc ---
   rms_norm_eps: float = 1e-6
   tie_embeddings: bool = False
@@ -205,6 +211,13 @@ def _validate(c: ModelConfig) -> None:
       _fail("first_k_dense", c.first_k_dense, f"must be in [0, n_layers={c.n_layers}]")
     if c.n_shared_experts < 0:
       _fail("n_shared_experts", c.n_shared_experts, "must be >= 0")
+  for name in ("router_aux_loss_coef", "router_bias_rate"):
+    value = getattr(c, name)
+    if not (value >= 0 and math.isfinite(value)):
+      _fail(name, value, "must be a finite number >= 0")
+  if c.router_bias_rate and c.is_moe and c.router != "sigmoid_noaux":
+    _fail("router_bias_rate", c.router_bias_rate,
+          f"the aux-loss-free bias belongs to the 'sigmoid_noaux' router, not {c.router!r}")
   if c.yarn_factor < 1.0:
     _fail("yarn_factor", c.yarn_factor, "must be >= 1 (1 disables YaRN)")
   why = remat_lib.check_policy(c.remat, c.remat_names)
@@ -225,6 +238,7 @@ _DEEPSEEK_V3 = dict(
     n_experts=256, n_experts_per_tok=8, moe_mlp_dim=2048, n_shared_experts=1,
     first_k_dense=3, router="sigmoid_noaux", norm_topk_prob=True, routed_scaling_factor=2.5,
     n_group=8, topk_group=4, rms_norm_eps=1e-6, dtype="bfloat16", param_dtype="bfloat16",
+    router_aux_loss_coef=1e-4, router_bias_rate=1e-3,  # DeepSeek-V3's alpha and gamma
 )
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -235,7 +249,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny_qwen3_moe": dict(
         vocab_size=264, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
         mlp_dim=128, qk_norm=True, n_experts=8, n_experts_per_tok=2, moe_mlp_dim=32,
-        router="softmax", norm_topk_prob=True, max_seq_len=256),
+        router="softmax", norm_topk_prob=True, max_seq_len=256, router_aux_loss_coef=1e-3),
     "tiny_mla": dict(
         vocab_size=264, d_model=64, n_layers=2, n_heads=4, mlp_dim=128, attention="mla",
         q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
@@ -246,7 +260,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         v_head_dim=16, dsa=True, index_n_heads=2, index_head_dim=16, index_topk=8,
         n_experts=8, n_experts_per_tok=2, moe_mlp_dim=32, n_shared_experts=1,
         first_k_dense=1, router="sigmoid_noaux", n_group=4, topk_group=2,
-        routed_scaling_factor=2.5, max_seq_len=256),
+        routed_scaling_factor=2.5, max_seq_len=256, router_aux_loss_coef=1e-4,
+        router_bias_rate=1e-3),
     # Real shapes (published config.json values).
     "qwen2.5-0.5b": dict(
         vocab_size=151936, d_model=896, n_layers=24, n_heads=14, n_kv_heads=2, mlp_dim=4864,
@@ -264,6 +279,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         vocab_size=151936, d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128,
         mlp_dim=6144, qk_norm=True, n_experts=128, n_experts_per_tok=8, moe_mlp_dim=768,
         router="softmax", norm_topk_prob=True, rope_theta=1e6, max_seq_len=40960,
+        router_aux_loss_coef=1e-3,
         dtype="bfloat16", param_dtype="bfloat16"),
     "deepseek-v3-671b": dict(_DEEPSEEK_V3),
     "deepseek-v3.2-671b": dict(

@@ -15,8 +15,10 @@ Dispatch:
 
 Routing replay (DeepSeek-V3.2 keep-routing): a caller may pass the expert ids to use; the gate
 weights are still computed from the current router, so the router keeps its gradients.
-Per-call router statistics feed load-balance metrics, the aux-free bias update and the optional
-auxiliary loss.
+Per-call router statistics (RouterStats) feed the load metrics, the aux-free bias update
+(`aux_free_bias_update`, applied by the trainers after each optimiser step through
+models.transformer.update_router_biases at rate cfg.router_bias_rate) and the sequence-wise
+auxiliary loss (weight cfg.router_aux_loss_coef), both used by rl/sft.py and rl/train_step.py.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class RouterBias(nnx.Variable):
 class RouterStats(NamedTuple):
   tokens_per_expert: jax.Array  # [E] assignments counted over valid tokens
   mean_prob: jax.Array  # [E] mean normalised router probability over valid tokens
-  aux_loss: jax.Array  # scalar: E * sum_e f_e * P_e (Switch / DeepSeek balance loss)
+  aux_loss: jax.Array  # scalar: mean over sequences of E/k * sum_e f_e * P_e (DeepSeek-V3)
 
 
 class Router(nnx.Module):
@@ -85,15 +87,31 @@ class Router(nnx.Module):
 
 
 def router_stats(scores: jax.Array, expert_ids: jax.Array, token_mask: jax.Array,
-                 n_experts: int) -> RouterStats:
+                 n_experts: int, batch: int = 1) -> RouterStats:
+  """Load statistics of one MoE call over its valid tokens: scores [N, E], expert_ids [N, k]
+  and token_mask [N] for N = batch x T tokens, row-major by sequence.
+
+  aux_loss is DeepSeek-V3's sequence-wise balance loss: per sequence, f_e = E / (k T) x (tokens
+  sent to e) and P_e = mean normalised score of e over the sequence's T valid tokens; the loss
+  sum_e f_e P_e (1 when perfectly balanced) averaged over sequences with a valid token."""
   valid = token_mask.astype(jnp.float32)  # [N]
+  k = expert_ids.shape[-1]
   counts = jnp.zeros((n_experts,), jnp.float32).at[expert_ids].add(
       jnp.broadcast_to(valid[:, None], expert_ids.shape))
-  n_valid = jnp.maximum(jnp.sum(valid), 1.0)
   probs = scores / jnp.sum(scores, axis=-1, keepdims=True)
-  mean_prob = jnp.sum(probs * valid[:, None], axis=0) / n_valid
-  fraction = counts / jnp.maximum(jnp.sum(counts), 1.0)
-  aux = n_experts * jnp.sum(fraction * mean_prob)
+  mean_prob = jnp.sum(probs * valid[:, None], axis=0) / jnp.maximum(jnp.sum(valid), 1.0)
+  # Per sequence: [batch, E] counts and probability sums.
+  seq_valid = valid.reshape(batch, -1)
+  seq_tokens = jnp.sum(seq_valid, axis=-1)  # [batch]
+  onehot_counts = jnp.zeros((batch, n_experts), jnp.float32).at[
+      jnp.arange(batch)[:, None, None], expert_ids.reshape(batch, -1, k)].add(
+          seq_valid[:, :, None] * jnp.ones((1, 1, k)))
+  seq_prob = jnp.einsum("bte,bt->be", probs.reshape(batch, -1, n_experts), seq_valid)
+  denom = jnp.maximum(seq_tokens, 1.0)[:, None]
+  f = n_experts / k * onehot_counts / denom
+  per_seq = jnp.sum(f * seq_prob / denom, axis=-1)
+  has_tokens = (seq_tokens > 0).astype(jnp.float32)
+  aux = jnp.sum(per_seq * has_tokens) / jnp.maximum(jnp.sum(has_tokens), 1.0)
   return RouterStats(counts, mean_prob, aux)
 
 
@@ -164,7 +182,7 @@ class MoE(nnx.Module):
     weights = self.router.gate_weights(scores, ids)
     mask = (jnp.ones((batch * steps,), bool) if token_mask is None
             else token_mask.reshape(-1).astype(bool))
-    stats = router_stats(scores, ids, mask, cfg.n_experts)
+    stats = router_stats(scores, ids, mask, cfg.n_experts, batch)
     dt = self.compute_dtype
     if (dispatch or cfg.moe_dispatch) == "ragged":
       # Expert parallelism when the ambient mesh (jax.set_mesh) has an "expert" axis > 1.

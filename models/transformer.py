@@ -21,6 +21,7 @@ from models import remat as remat_lib
 from models.attention import make_attention
 from models.config import ModelConfig, get_config
 from models.layers import MLP, Dense, Embed, RMSNorm
+from models import moe
 from models.moe import MoE, RouterStats
 
 
@@ -186,6 +187,17 @@ class Transformer(nnx.Module):
         indexer_loss=sum(index_losses) if index_losses else None,
         indexer_metrics=(jax.tree.map(lambda *xs: sum(xs) / len(xs), *index_metrics)
                          if index_metrics else None))
+
+
+def update_router_biases(model: Transformer, tokens_per_expert: jax.Array, rate: float) -> None:
+  """One aux-loss-free balancing step (models.moe.aux_free_bias_update) on the router bias of
+  every "sigmoid_noaux" MoE layer, in place; tokens_per_expert [n_moe_layers, E] is the load
+  the step saw (ModelOutput.router_stats.tokens_per_expert, summed over its micro-batches)."""
+  moe_layers = [layer for layer in model.layers if layer.is_moe]
+  for layer, load in zip(moe_layers, tokens_per_expert, strict=True):
+    bias = layer.mlp.router.bias
+    if bias is not None:
+      bias.value = moe.aux_free_bias_update(bias.value, load, rate)
 
 
 def build(cfg: ModelConfig | str, *, seed: int = 0, **overrides: Any) -> Transformer:

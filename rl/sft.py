@@ -27,9 +27,11 @@ from flax import nnx
 from configs import common
 from models import remat as remat_lib
 from models.tokenizer import load_tokenizer, pad_batch
+from rl import train_step as ts
 from rl.checkpoint import Checkpointer
 from rl.placement import Placement
 from rl.data.entries import encode_prompts, load_entries
+from rl.rewards import puzzles
 
 
 def sft_examples(entries, tokenizer, template: str) -> list[tuple[list[int], list[int]]]:
@@ -132,6 +134,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   s = c.sft
   tokenizer = load_tokenizer(c.tokenizer)
   entries, heldout = load_entries(c)
+  if s.carry_slip_rate:
+    entries = puzzles.with_carry_slips(entries, s.carry_slip_rate, seed=c.seed)
   train_ex = sft_examples(entries, tokenizer, c.data.prompt_template)
   eval_ex = sft_examples(heldout, tokenizer, c.data.prompt_template)
   width = s.max_len or -(-max(len(p) + len(r) for p, r in train_ex + eval_ex) // 8) * 8
@@ -167,27 +171,33 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   param_shardings, opt_shardings = placement.state_sharding(state)[:2]
   host_opt = remat_lib.host_shardings(opt_shardings) if c.optim.offload_state else opt_shardings
 
-  dsa = common.model_config(c).dsa
+  model_cfg = common.model_config(c)
+  dsa = model_cfg.dsa
+  # MoE: one aux-loss-free bias step after every optimiser step, from the load it saw.
+  rebalance = (ts.make_rebalance(graphdef, model_cfg.router_bias_rate)
+               if model_cfg.router_bias_rate else None)
 
-  def loss_fn(params, batch, stage):
+  def loss_fn(params, rest, batch, stage):
     out = nnx.merge(graphdef, params, rest).forward(
         batch["tokens"], indexer_stage=stage, token_mask=batch["token_mask"],
         positions=batch.get("positions"), segment_ids=batch.get("segment_ids"))
     loss = response_nll(out.logits, batch["tokens"], batch["loss_mask"]) / jnp.maximum(
         jnp.sum(batch["loss_mask"][:, 1:]), 1.0)
-    if stage is None:
-      return loss, {}
-    # The indexer's inputs and targets are detached: this term trains only the indexer.
-    index = out.indexer_loss / jnp.maximum(jnp.sum(batch["token_mask"]), 1.0)
-    return loss + s.indexer_coef * index, out.indexer_metrics
+    metrics = {}
+    if stage is not None:
+      # The indexer's inputs and targets are detached: this term trains only the indexer.
+      index = out.indexer_loss / jnp.maximum(jnp.sum(batch["token_mask"]), 1.0)
+      loss, metrics = loss + s.indexer_coef * index, dict(out.indexer_metrics)
+    return ts.add_router_balance(loss, metrics, out.router_stats,
+                                 model_cfg.router_aux_loss_coef, 1.0)
 
   # Layouts pinned (rl/placement.py): parameters and optimiser state stay where they were
   # placed, the optimiser state in host memory between steps with config.optim.offload_state.
-  @functools.partial(jax.jit, static_argnums=3, donate_argnums=(0, 1),
+  @functools.partial(jax.jit, static_argnums=4, donate_argnums=(0, 1),
                      out_shardings=(param_shardings, host_opt, None, None))
-  def train_step(params, opt_state, batch, stage):
+  def train_step(params, opt_state, rest, batch, stage):
     opt_state = jax.device_put(opt_state, opt_shardings)
-    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, stage)
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, rest, batch, stage)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss, aux
 
@@ -199,12 +209,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     return "dense_warmup" if step < s.dense_warmup_steps else "sparse"
 
   @jax.jit
-  def eval_sums(params, batch):
+  def eval_sums(params, rest, batch):
     logits = nnx.merge(graphdef, params, rest)(batch["tokens"])
     return (response_nll(logits, batch["tokens"], batch["loss_mask"]),
             jnp.sum(batch["loss_mask"][:, 1:]))
 
-  def eval_loss(params) -> float:
+  def eval_loss(params, rest) -> float:
     nll = count = 0.0
     for i in range(0, len(eval_ex), s.batch_size):
       chunk = eval_ex[i:i + s.batch_size]
@@ -213,11 +223,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       real = len(eval_ex[i:i + s.batch_size])
       batch["loss_mask"][real:] = 0.0
       with placement.scope():
-        a, b = eval_sums(params, placement.put_batch(batch))
+        a, b = eval_sums(params, rest, placement.put_batch(batch))
       nll, count = nll + float(a), count + float(b)
     return nll / max(count, 1.0)
 
-  metrics = {"sft/eval_loss_start": eval_loss(params)}
+  metrics = {"sft/eval_loss_start": eval_loss(params, rest)}
   logging.info("SFT: %d examples in rows of %d tokens (%.1f per row), %d steps, eval loss %.4f",
                len(train_ex), width, len(train_ex) / max(len(epoch_rows[0]), 1), total,
                metrics["sft/eval_loss_start"])
@@ -232,21 +242,26 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         batch = make_batch([train_ex[r[0]] for r in batch_rows], tokenizer.pad_id, width)
       stage = stage_at(step)
       with placement.scope():
-        params, opt_state, loss, aux = train_step(params, opt_state, placement.put_batch(batch),
-                                                  stage)
+        params, opt_state, loss, aux = train_step(params, opt_state, rest,
+                                                  placement.put_batch(batch), stage)
+        router_load = aux.pop("router_load", None)
+        if rebalance is not None:
+          rest = jax.device_put(rebalance(params, rest, router_load), placement.replicated)
       step += 1
       if step % s.log_every == 0 or step == total:
         elapsed = time.perf_counter() - t0
+        if router_load is not None:
+          aux.update(ts.load_metrics(router_load))
         extra = "".join(f" {k} {float(v):.3f}" for k, v in aux.items())
         logging.info("sft step %d/%d epoch %d loss %.4f%s%s ETA %.0fs", step, total, epoch,
                      float(loss), f" [{stage}]" if stage else "", extra,
                      elapsed / step * (total - step))
-  metrics["sft/eval_loss"] = eval_loss(params)
+  metrics["sft/eval_loss"] = eval_loss(params, rest)
   metrics["sft/train_loss"] = float(loss)
   metrics["sft/wall_s"] = time.perf_counter() - t0
   logging.info("SFT done: eval loss %.4f -> %.4f", metrics["sft/eval_loss_start"],
                metrics["sft/eval_loss"])
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=1)
-  ckpt.save(total, {"params": params}, {"step": total, **metrics}, force=True)
+  ckpt.save(total, {"params": params, "rest": rest}, {"step": total, **metrics}, force=True)
   ckpt.close()
   return metrics

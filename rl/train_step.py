@@ -19,10 +19,12 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
 from models import remat as remat_lib
+from models.transformer import update_router_biases
 from rl import losses
 from rl.sampling import masked_logprobs, unpack_sample_mask
 
@@ -66,9 +68,13 @@ def global_counts(batch: dict, rl: dict) -> dict:
 
 
 def policy_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: dict,
-                     temperature: float, max_len: int) -> tuple[jax.Array, dict]:
+                     temperature: float, max_len: int,
+                     router_aux_loss_coef: float = 0.0) -> tuple[jax.Array, dict]:
   """Loss of one micro-batch, already divided by the global counts; metrics are likewise
-  global token means (so they sum over micro-batches)."""
+  global token means (so they sum over micro-batches). MoE models add
+  `router_aux_loss_coef` x the sequence-wise balance loss (models/moe.py) and report the
+  per-layer expert load `router_load` [n_moe_layers, E] (tokens summed over micro-batches),
+  which the trainer feeds to the aux-loss-free bias update."""
   model = nnx.merge(graphdef, params, rest)
   routing = batch.get("routing") if rl["keep_routing"] else None
   stage = "sparse" if rl["indexer_coef"] else None
@@ -132,7 +138,46 @@ def policy_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: d
                            num_tokens=counts["num_positive_tokens"])
     loss = loss + rl["nll_coef"] * nll
     metrics["nll_positive"] = nll
+  loss, metrics = add_router_balance(loss, metrics, out.router_stats, router_aux_loss_coef,
+                                     counts["micro_batches"])
   return loss, metrics
+
+
+def add_router_balance(loss, metrics: dict, stats, coef: float, micro_batches) -> tuple:
+  """MoE load balancing terms of one micro-batch: `coef` x the mean over MoE layers of the
+  sequence-wise balance loss (divided by the micro-batch count, so micro-batches sum to the
+  mean), and the expert load `router_load` [n_moe_layers, E] for the bias update. Dense
+  models pass through."""
+  if stats is None:
+    return loss, metrics
+  balance = jnp.mean(stats.aux_loss)
+  metrics = dict(metrics, router_aux_loss=balance / micro_batches,
+                 router_load=stats.tokens_per_expert)
+  if coef:
+    loss = loss + coef * balance / micro_batches
+  return loss, metrics
+
+
+def make_rebalance(graphdef, rate: float) -> Callable:
+  """A jitted `rebalance(params, rest, router_load) -> rest`: one aux-loss-free bias step of
+  every MoE router (models.transformer.update_router_biases) from the load a step saw."""
+  @jax.jit
+  def rebalance(params, rest, router_load):
+    model = nnx.merge(graphdef, params, rest)
+    update_router_biases(model, router_load, rate)
+    return nnx.split(model, nnx.Param, ...)[2]
+  return rebalance
+
+
+def load_metrics(router_load) -> dict[str, float]:
+  """Per MoE layer i: `moe/load_max_over_mean/i` (1 = perfectly balanced) and
+  `moe/load_cv/i` (coefficient of variation of tokens per expert)."""
+  out = {}
+  for i, load in enumerate(np.asarray(router_load, np.float64)):
+    mean = max(load.mean(), 1e-9)
+    out[f"moe/load_max_over_mean/{i}"] = float(load.max() / mean)
+    out[f"moe/load_cv/{i}"] = float(load.std() / mean)
+  return out
 
 
 def critic_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: dict,
@@ -147,10 +192,12 @@ def critic_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: d
   return loss, {"value_loss": loss}
 
 
-def make_update(objective: Callable, graphdef, rest, optimizer: optax.GradientTransformation, *,
+def make_update(objective: Callable, graphdef, optimizer: optax.GradientTransformation, *,
                 micro_batches: int, rl: dict, state_sharding=None, batch_sharding=None,
                 offload_optimizer: bool = False, **objective_kwargs) -> Callable:
-  """A jitted `update(state, minibatch) -> (state, metrics)` with gradient accumulation.
+  """A jitted `update(state, rest, minibatch) -> (state, metrics)` with gradient accumulation;
+  `rest` is the model's non-parameter state (e.g. MoE router biases), an argument because the
+  trainer's bias updates change it between steps.
 
   `state_sharding` / `batch_sharding` (pytrees of NamedSharding, or None to let XLA choose)
   pin the layouts; the state is donated.
@@ -162,7 +209,7 @@ def make_update(objective: Callable, graphdef, rest, optimizer: optax.GradientTr
   A step whose loss or gradient is non-finite leaves the state unchanged and reports
   `skipped = 1` (the trainer counts these and stops a run that keeps producing them).
   """
-  def micro_loss(params, micro, counts):
+  def micro_loss(params, rest, micro, counts):
     return objective(params, graphdef, rest, micro, counts, rl=rl, **objective_kwargs)
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
@@ -175,7 +222,7 @@ def make_update(objective: Callable, graphdef, rest, optimizer: optax.GradientTr
     opt_on_host = remat_lib.host_shardings(state_sharding.opt_state)
     state_sharding = state_sharding._replace(opt_state=opt_on_host)
 
-  def update(state: TrainState, minibatch: dict):
+  def update(state: TrainState, rest, minibatch: dict):
     if offload_optimizer:
       state = state._replace(opt_state=jax.device_put(state.opt_state, opt_on_device))
     counts = dict(global_counts(minibatch, rl),
@@ -184,13 +231,13 @@ def make_update(objective: Callable, graphdef, rest, optimizer: optax.GradientTr
 
     def body(carry, micro):
       grads_acc, loss_acc, metrics_acc = carry
-      (loss, metrics), grads = grad_fn(state.params, micro, counts)
+      (loss, metrics), grads = grad_fn(state.params, rest, micro, counts)
       return (jax.tree.map(jnp.add, grads_acc, grads), loss_acc + loss,
               jax.tree.map(jnp.add, metrics_acc, metrics)), None
 
     zero_grads = jax.tree.map(jnp.zeros_like, state.params)
     first = jax.tree.map(lambda x: x[0], micros)
-    metric_shapes = jax.eval_shape(lambda: micro_loss(state.params, first, counts)[1])
+    metric_shapes = jax.eval_shape(lambda: micro_loss(state.params, rest, first, counts)[1])
     zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
     (grads, loss, metrics), _ = jax.lax.scan(body, (zero_grads, jnp.zeros(()), zero_metrics),
                                              micros)
@@ -208,5 +255,5 @@ def make_update(objective: Callable, graphdef, rest, optimizer: optax.GradientTr
 
   if state_sharding is None and batch_sharding is None:
     return jax.jit(update, donate_argnums=0)
-  return jax.jit(update, donate_argnums=0, in_shardings=(state_sharding, batch_sharding),
+  return jax.jit(update, donate_argnums=0, in_shardings=(state_sharding, None, batch_sharding),
                  out_shardings=(state_sharding, None))

@@ -180,6 +180,12 @@ class Trainer:
     self.bad_steps = 0
     if c.init_checkpoint:
       self._load_init(c.init_checkpoint)
+    # The KL reference is the policy the run starts from (config.init_checkpoint, init_hf_dir
+    # or the random init, with its router biases), also after a resume and before any tool
+    # warm start. A copy: the update donates (and so invalidates) the state's buffers.
+    self.ref_params = self.ref_rest = None
+    if self._kl_on():
+      self.ref_params, self.ref_rest = jax.tree.map(jnp.copy, (self.state.params, self.rest))
     self._maybe_resume()
     if self.tools is not None and c.tools.warm_start_steps and not self.start_step and (
         not c.init_checkpoint):  # cold start on expert tool-use transcripts (deterministic)
@@ -187,8 +193,6 @@ class Trainer:
         self.state = self._train_state(self.tools.warm_start(
             self.graphdef, self.state.params, self.rest, self.train_entries,
             self.train_prompts))
-    # A copy: the policy update donates (and so invalidates) the state's buffers on GPU/TPU.
-    self.ref_params = jax.tree.map(jnp.copy, self.state.params) if self._kl_on() else None
 
     rl = c.rl.to_dict()
     max_len = c.rollout.max_new_tokens
@@ -197,12 +201,17 @@ class Trainer:
     # placed by Placement.put_batch, its rows over the mesh's batch axes).
     offload = bool(c.optim.offload_state)
     self.policy_update = ts.make_update(
-        ts.policy_objective, self.graphdef, self.rest, self.optimizer,
+        ts.policy_objective, self.graphdef, self.optimizer,
         micro_batches=c.train.micro_batches, rl=rl, temperature=temperature, max_len=max_len,
+        router_aux_loss_coef=self.model_cfg.router_aux_loss_coef,
         state_sharding=self.placement.state_sharding(self.state), offload_optimizer=offload)
+    # MoE: one aux-loss-free bias step per RL step, after its updates, from the load they saw
+    # (the bias is constant within a step: rollout and update route alike).
+    self.rebalance = (ts.make_rebalance(self.graphdef, self.model_cfg.router_bias_rate)
+                      if self.model_cfg.router_bias_rate else None)
     if self.critic is not None:
       self.critic_update = ts.make_update(
-          ts.critic_objective, self.critic_graphdef, self.critic_rest, self.critic_optimizer,
+          ts.critic_objective, self.critic_graphdef, self.critic_optimizer,
           micro_batches=c.train.micro_batches, rl=rl, max_len=max_len,
           state_sharding=self.placement.state_sharding(self.critic), offload_optimizer=offload)
     self.rollout_cfg = rollout_lib.RolloutConfig(
@@ -263,12 +272,19 @@ class Trainer:
     logging.info("resumed from %s at step %d", self.checkpointer.directory, self.start_step)
 
   def _load_init(self, directory: str) -> None:
-    """Starts from the policy parameters of an earlier stage's checkpoint (e.g. SFT)."""
+    """Starts from the policy parameters (and MoE router biases) of an earlier stage's
+    checkpoint (e.g. SFT)."""
     init = Checkpointer(directory)
     step = init.latest_step()
     if step is None:
       raise FileNotFoundError(f"config.init_checkpoint={directory!r} holds no checkpoint")
-    restored, _ = init.restore(step, {"params": self.state.params})
+    try:
+      restored, _ = init.restore(step, {"params": self.state.params, "rest": self.rest})
+      self.rest = jax.device_put(restored["rest"], self.placement.replicated)
+    except ValueError:  # a checkpoint of parameters only (an older SFT stage)
+      restored, _ = init.restore(step, {"params": self.state.params})
+      logging.warning("%s step %d holds parameters only: the MoE router biases start from "
+                      "their initial values", directory, step)
     self.state = self._train_state(restored["params"])
     init.close()
 
@@ -380,11 +396,11 @@ class Trainer:
     return traj, rewards, stats
 
   # ---------------------------------------------------------------------- Advantages
-  def _forward_fn(self, graphdef, rest):
+  def _forward_fn(self, graphdef):
     c = self.config
 
     @jax.jit
-    def logprobs(params, tokens, routing, sample_mask):
+    def logprobs(params, rest, tokens, routing, sample_mask):
       model = nnx.merge(graphdef, params, rest)
       out = model.forward(tokens, routing=routing)
       kept = None
@@ -464,10 +480,10 @@ class Trainer:
       batch["sample_mask"] = np.asarray(traj.sample_mask)
     if self._kl_on():
       if not hasattr(self, "_ref_logprobs"):
-        self._ref_logprobs = self._forward_fn(self.graphdef, self.rest)
+        self._ref_logprobs = self._forward_fn(self.graphdef)
       with self.placement.scope():
         batch["logp_ref"] = np.asarray(to_host(self._ref_logprobs(
-            self.ref_params, jnp.asarray(tokens), batch.get("routing"),
+            self.ref_params, self.ref_rest, jnp.asarray(tokens), batch.get("routing"),
             batch.get("sample_mask"))))
       beta = c.rl.kl_coef_per_domain.get(c.data.task, c.rl.kl_coef)
       batch["kl_coef"] = np.full((len(tokens),), beta, np.float32)
@@ -477,8 +493,8 @@ class Trainer:
     """|trainer - sampler| log-prob of the sampled response tokens, before the update: how far
     a quantised sampler's logp_old is from the trainer's own."""
     if not hasattr(self, "_trainer_logprobs"):
-      self._trainer_logprobs = self._forward_fn(self.graphdef, self.rest)
-    logp = self._trainer_logprobs(self.state.params, jnp.asarray(batch["tokens"]),
+      self._trainer_logprobs = self._forward_fn(self.graphdef)
+    logp = self._trainer_logprobs(self.state.params, self.rest, jnp.asarray(batch["tokens"]),
                                   batch.get("routing"), batch.get("sample_mask"))
     return quant.logp_gap(to_host(logp), batch["logp_old"], batch["response_mask"])
 
@@ -491,22 +507,33 @@ class Trainer:
     sums: dict[str, float] = {}
     gap = self._sampler_logp_gap(batch) if self.sampler_weights is not None else {}
     count = 0
+    router_load = None  # [n_moe_layers, E] tokens per expert over the step's updates
     for _ in range(c.rl.ppo_epochs):
       order = rng.permutation(n)
       for mb in np.array_split(order, c.train.mini_batches):
         minibatch = self.placement.put_batch({k: v[mb] for k, v in batch.items()})
         if actor_on:
-          self.state, metrics = self.policy_update(self.state, minibatch)
+          self.state, metrics = self.policy_update(self.state, self.rest, minibatch)
         else:
           metrics = {}
         if self.critic is not None:
-          self.critic, critic_metrics = self.critic_update(self.critic, minibatch)
+          self.critic, critic_metrics = self.critic_update(self.critic, self.critic_rest,
+                                                           minibatch)
           metrics = {**metrics, **{f"critic/{k}": v for k, v in critic_metrics.items()}}
-        for k, v in jax.device_get(metrics).items():
+        metrics = jax.device_get(metrics)
+        if "router_load" in metrics:
+          load = metrics.pop("router_load")
+          router_load = load if router_load is None else router_load + load
+        for k, v in metrics.items():
           sums[k] = sums.get(k, 0.0) + float(v)
         count += 1
     out = {**{k: v / count for k, v in sums.items()}, **gap}
     out["skipped"] = sums.get("skipped", 0.0) + sums.get("critic/skipped", 0.0)
+    if router_load is not None:
+      out.update(ts.load_metrics(router_load))
+      if self.rebalance is not None and not out["skipped"]:
+        self.rest = jax.device_put(self.rebalance(self.state.params, self.rest, router_load),
+                                   self.placement.replicated)
     return out
 
   # ---------------------------------------------------------------------- Evaluate

@@ -336,3 +336,28 @@ def test_expression_evaluator_rejects_before_evaluating():
 def test_extract_answer(response, expected):
   """Last complete \\boxed{}, else after the last "Answer:", else the whole response, stripped."""
   assert puzzles.extract_answer(response) == expected
+
+
+def test_carry_slips_forget_carries_only_where_there_are_some():
+  """The imperfect teacher of the demo's SFT data: column arithmetic with every carry and
+  borrow forgotten, on a `rate` fraction of the problems that need one; questions and gold
+  answers stay true (the verifier checks the true value)."""
+  assert [puzzles._uncarried(x, y, op) for x, op, y in [
+      (58, "+", 67), (52, "-", 17), (17, "-", 52), (99, "+", 1), (3, "-", 10), (40, "+", 60),
+      (12, "+", 13), (7, "-", 7)]] == [115, 45, -45, 90, -17, 100, 25, 0]
+  entries = puzzles.make("arithmetic", size=2000, seed=0, difficulty=1)
+  slipped = puzzles.with_carry_slips(entries, 0.7, seed=0)
+  assert puzzles.with_carry_slips(entries, 0.7, seed=0) == slipped  # deterministic
+  changed = [a != b for a, b in zip(entries, slipped)]
+  carrying = [puzzles._uncarried(*map(int, e["expression"].replace("-", " - ").replace(
+      "+", " + ").split()[::2]), "+" if "+" in e["expression"] else "-") != int(e["answer"])
+      for e in entries]
+  assert not any(c and not need for c, need in zip(changed, carrying))
+  assert 0.6 < sum(changed) / sum(carrying) < 0.8
+  for before, after in zip(entries, slipped):
+    assert {k: v for k, v in after.items() if k != "solution"} == {
+        k: v for k, v in before.items() if k != "solution"}
+    assert puzzles.score(after, after["answer"]) == 1.0
+  assert puzzles.with_carry_slips(entries, 0.0, seed=0) == entries
+  with pytest.raises(ValueError, match="two-operand"):
+    puzzles.with_carry_slips(puzzles.make("arithmetic", size=50, seed=0, difficulty=4), 0.5, 0)

@@ -113,13 +113,13 @@ def adam_update(offload: bool):
   if offload:
     state = state._replace(opt_state=jax.device_put(
         state.opt_state, remat.host_shardings(sharding.opt_state)))
-  update = ts.make_update(ts.policy_objective, graphdef, rest, optimizer, micro_batches=1,
+  update = ts.make_update(ts.policy_objective, graphdef, optimizer, micro_batches=1,
                           rl=RL, state_sharding=sharding, offload_optimizer=offload,
                           temperature=1.0, max_len=16)
   batch = rl_batch(rows=2, length=16)
-  compiled = update.lower(state, batch).compile()
+  compiled = update.lower(state, rest, batch).compile()
   for _ in range(2):
-    state, metrics = compiled(state, batch)
+    state, metrics = compiled(state, rest, batch)
   return state, metrics, compiled.memory_analysis()
 
 
@@ -139,7 +139,7 @@ def test_optimizer_offload_keeps_values_and_lives_on_host():
 
 def test_optimizer_offload_needs_shardings():
   with pytest.raises(ValueError, match="needs state_sharding"):
-    ts.make_update(ts.policy_objective, None, None, None, micro_batches=1, rl=RL,
+    ts.make_update(ts.policy_objective, None, None, micro_batches=1, rl=RL,
                    offload_optimizer=True)
 
 

@@ -69,16 +69,16 @@ def setup():
   host_params = jax.tree.map(np.asarray, params)
 
   def make(**shardings):
-    return ts.make_update(ts.policy_objective, graphdef, rest, optimizer,
+    return ts.make_update(ts.policy_objective, graphdef, optimizer,
                           micro_batches=MICRO_BATCHES, rl=rl, temperature=1.0,
                           max_len=LENGTH, **shardings)
 
   update = make()
   state = ts.init_state(jax.tree.map(jnp.asarray, host_params), optimizer)
-  new_state, metrics = update(state, jax.tree.map(jnp.asarray, batch))
+  new_state, metrics = update(state, rest, jax.tree.map(jnp.asarray, batch))
   reference = jax.tree.map(np.asarray, (new_state.params, new_state.opt_state[0], metrics))
   return dict(make=make, batch=batch, params=host_params, optimizer=optimizer,
-              reference=reference)
+              reference=reference, rest=rest)
 
 
 def _assert_tree_close(got, want, what, rel=1e-5):
@@ -111,7 +111,7 @@ def test_sharded_update_matches_single_device(setup, name, expert_parallel_choic
   batch = jax.device_put(setup["batch"], batch_sharding)
   update = setup["make"](state_sharding=state_sharding, batch_sharding=batch_sharding)
   with jax.set_mesh(mesh):
-    new_state, metrics = update(state, batch)
+    new_state, metrics = update(state, setup["rest"], batch)
 
   want_params, want_grads, want_metrics = setup["reference"]
   assert float(metrics["skipped"]) == 0.0

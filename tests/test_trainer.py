@@ -134,6 +134,26 @@ def test_three_steps_of_each_recipe(algorithm, demo_run, tmp_path):
     assert all("kl" in r and "offpolicy_masked_frac" in r for r in rows)
 
 
+def test_router_biases_move_between_steps_not_within_one(demo_run, tmp_path):
+  """With a large aux-loss-free bias rate the MoE router biases move after every RL step, yet
+  each step's one update is on-policy (ratio 1, nothing clipped): the rollout and the update of
+  a step route with the same bias. Keep-routing is off (dapo), so a bias moved in between
+  would change the update's expert choices and show as approx_kl > 0."""
+  sft_ckpt = os.path.join(demo_run[0], "sft", "checkpoints")
+  trainer = Trainer(small_config(init_checkpoint=sft_ckpt, job="rl",
+                                 **{"model.router_bias_rate": 0.5}), str(tmp_path))
+  assert not trainer.config.rl.keep_routing
+  biases = [np.asarray(jax.tree.leaves(trainer.rest)[0])]
+  for step in range(3):
+    traj, rewards, _ = trainer.collect(step)
+    metrics = trainer.update(step, trainer.build_batch(traj, rewards,
+                                                       trainer.advantages(traj, rewards)))
+    biases.append(np.asarray(jax.tree.leaves(trainer.rest)[0]))
+    assert abs(metrics["approx_kl"]) < 1e-5 and metrics["clipfrac_low"] == 0.0, metrics
+    assert metrics["moe/load_max_over_mean/0"] >= 1.0
+    assert not np.array_equal(biases[-1], biases[-2])  # moved by +-0.5 per expert
+
+
 def _fake_rollout(trainer, outcomes):
   """Stands in for the sampler only: responses are the gold solution (correct) or a wrong
   answer; the trainer's real verifier scores them."""
@@ -209,12 +229,17 @@ def test_killed_run_resumes_to_the_same_result(demo_run, tmp_path):
   resumed = Trainer(small_config(init_checkpoint=sft_ckpt, job="rl", **curriculum),
                     str(tmp_path / "b"))
   assert resumed.start_step == 2
+  # The MoE router biases (moved by the aux-loss-free step after each RL step) come back too.
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, resumed.rest),
+               jax.tree.map(np.asarray, first.rest))
+  assert np.abs(np.asarray(jax.tree.leaves(resumed.rest)[0])).max() > 0
   assert resumed.curriculum.state_dict() == first.curriculum.state_dict()
   assert resumed.train_entries == first.train_entries
   resumed.run()
   assert read_metrics(str(tmp_path / "a"))[0]["curriculum/level"] == 1.0
-  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, straight.state.params),
-               jax.tree.map(np.asarray, resumed.state.params))
+  jax.tree.map(np.testing.assert_array_equal,
+               jax.tree.map(np.asarray, (straight.state.params, straight.rest)),
+               jax.tree.map(np.asarray, (resumed.state.params, resumed.rest)))
   a, b = read_metrics(str(tmp_path / "a")), read_metrics(str(tmp_path / "b"))
   assert a[-1]["reward"] == b[-1]["reward"] and a[-1]["loss"] == b[-1]["loss"]
 

@@ -233,6 +233,45 @@ def _make_arithmetic(size: int, seed: int, level: int) -> list[dict]:
   return entries
 
 
+def _uncarried(x: int, y: int, op: str) -> int:
+  """x op y (x, y >= 0; op "+" or "-") worked column by column with every carry or borrow
+  forgotten: each column's digit is (x_i op y_i) mod 10, and an addition's top column keeps its
+  overflow. x - y with x < y is -(y - x) worked the same way."""
+  if op == "-" and x < y:
+    return -_uncarried(y, x, "-")
+  digits, place, result = max(len(str(x)), len(str(y))), 1, 0
+  for i in range(digits):
+    a, b = x // 10**i % 10, y // 10**i % 10
+    column = a + b if op == "+" else a - b
+    result += (column % 10) * place
+    if op == "+" and i == digits - 1 and column >= 10:
+      result += place * 10
+    place *= 10
+  return result
+
+
+def with_carry_slips(entries: list[dict], rate: float, seed: int) -> list[dict]:
+  """The worked solutions of an imperfect teacher, for an SFT cold start: of the two-operand
+  + / - problems whose column arithmetic needs a carry or a borrow, a `rate` fraction (drawn
+  with `seed`) get the solution written with every carry forgotten (`_uncarried`), as a weak
+  model's distilled demonstrations would. Questions and gold answers are untouched: the
+  verifier still checks the true value, so RL can learn what imitation could not."""
+  rng = random.Random(seed)
+  out = []
+  for entry in entries:
+    match = re.fullmatch(r"(\d+)([+-])(\d+)", entry.get("expression", ""))
+    if match is None:
+      raise ValueError(f"carry slips need two-operand + / - arithmetic, got {entry!r:.80}")
+    x, op, y = int(match[1]), match[2], int(match[3])
+    slipped = _uncarried(x, y, op)
+    if slipped != int(entry["answer"]) and rng.random() < rate:
+      answer = str(slipped)
+      reversed_digits = answer.lstrip("-")[::-1] + ("-" if answer.startswith("-") else "")
+      entry = {**entry, "solution": f"{reversed_digits} Answer: {answer}"}
+    out.append(entry)
+  return out
+
+
 def _verify_arithmetic(entry: dict, answer: str) -> bool:
   return _integer(answer) == evaluate_expression(entry["expression"]).value
 

@@ -123,10 +123,13 @@ class SelfPlayPolicy:
                                        weight_decay=c.optim.weight_decay,
                                        grad_clip=c.optim.grad_clip, b1=c.optim.b1, b2=c.optim.b2)
     self.state = ts.init_state(params, self.optimizer)
+    cfg = model.cfg
     self.update_fn = ts.make_update(
-        ts.policy_objective, self.graphdef, self.rest, self.optimizer, micro_batches=1,
+        ts.policy_objective, self.graphdef, self.optimizer, micro_batches=1,
         rl=c.rl.to_dict(), temperature=max(c.rollout.temperature, 1e-6),
-        max_len=c.rollout.max_new_tokens)
+        max_len=c.rollout.max_new_tokens, router_aux_loss_coef=cfg.router_aux_loss_coef)
+    self.rebalance = (ts.make_rebalance(self.graphdef, cfg.router_bias_rate)
+                      if cfg.router_bias_rate else None)
     self.rollout_cfg = rollout_lib.RolloutConfig(
         max_new_tokens=c.rollout.max_new_tokens, temperature=c.rollout.temperature,
         stop_ids=tuple(tokenizer.stop_ids), prompt_bucket=c.rollout.prompt_bucket,
@@ -179,8 +182,15 @@ class SelfPlayPolicy:
         "acc": passed.astype(np.float32),
         "advantages": np.asarray(advantages)[:, None] * response_mask,
     }
-    self.state, metrics = self.update_fn(self.state, {k: jnp.asarray(v) for k, v in batch.items()})
-    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    self.state, metrics = self.update_fn(self.state, self.rest,
+                                         {k: jnp.asarray(v) for k, v in batch.items()})
+    metrics = jax.device_get(metrics)
+    router_load = metrics.pop("router_load", None)
+    if router_load is not None:
+      metrics.update(ts.load_metrics(router_load))
+      if self.rebalance is not None and not metrics["skipped"]:
+        self.rest = self.rebalance(self.state.params, self.rest, router_load)
+    metrics = {k: float(v) for k, v in metrics.items()}
     process = (scores * step_mask).sum(-1) / np.maximum(step_mask.sum(-1), 1.0)
     return {**metrics, "outcome": float(outcome.mean()), "pass_rate": float(passed.mean()),
             "process_score": float(process.mean()), "phi": float(np.mean(phi)), "alpha": alpha}
