@@ -117,7 +117,7 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
       # steps of dense attention (indexer fitted to it) before sparse training.
       indexer_coef=1.0,
       dense_warmup_steps=200,
-      # Generated arithmetic only: the fraction of carrying/borrowing problems whose worked
+      # Generated addition / arithmetic only: the fraction of carrying/borrowing problems whose worked
       # solution forgets every carry, as an imperfect teacher's demonstrations would
       # (rl/rewards/puzzles.with_carry_slips); the verifier still checks the true value.
       carry_slip_rate=0.0,
@@ -209,10 +209,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
   _check_curriculum(c)
   if not 0.0 <= c.sft.carry_slip_rate <= 1.0:
     raise ValueError(f"config.sft.carry_slip_rate={c.sft.carry_slip_rate}: must be in [0, 1]")
-  if c.sft.carry_slip_rate and not (c.data.source == "puzzles" and c.data.task == "arithmetic"
-                                    and c.data.difficulty <= 1):
+  if c.sft.carry_slip_rate and not (c.data.source == "puzzles" and (
+      c.data.task == "addition" or (c.data.task == "arithmetic" and c.data.difficulty <= 1))):
     raise ValueError("config.sft.carry_slip_rate > 0 needs two-operand + / - arithmetic: "
-                     "config.data.source='puzzles', task='arithmetic', difficulty 0 or 1")
+                     "config.data.source='puzzles' with task='addition', or task='arithmetic' "
+                     "at difficulty 0 or 1")
   if c.sft.max_len < 0:
     raise ValueError(f"config.sft.max_len={c.sft.max_len}: must be >= 0 (0: the longest example)")
   _positive(c, "train", "steps", "prompts_per_step", "samples_per_prompt", "mini_batches",

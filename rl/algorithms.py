@@ -39,6 +39,10 @@ BASE: dict[str, Any] = dict(
     nll_coef=0.0,  # positive-example LM loss weight mu (VAPO)
     dynamic_sampling=False,  # drop groups whose accuracy has zero std, refill (DAPO)
     max_num_gen_batches=4,
+    # At that cap with the batch still short: False stops the run with an error naming the
+    # fields; True fills the rest with the uniform groups seen (all-correct or all-wrong: zero
+    # GRPO advantage unless shaping varies the scores) and counts them (`filled_groups`).
+    fill_at_cap=False,
     overlong_buffer=0,  # L_cache in tokens; 0 turns overlong shaping off
     overlong_factor=1.0,
     overlong_filter=False,  # truncated responses get zero loss weight

@@ -342,16 +342,29 @@ class Trainer:
     further generation batches until the batch is full, drop the surplus."""
     c = self.config
     want = c.train.prompts_per_step
-    kept, kept_rewards, stats = [], [], {"gen_batches": 0, "groups_seen": 0, "groups_kept": 0}
+    kept, kept_rewards, stats = [], [], {"gen_batches": 0, "groups_seen": 0, "groups_kept": 0,
+                                         "filled_groups": 0}
+    spare = []  # (trajectories, rewards) of uniform groups dynamic sampling dropped
     t_rollout = t_reward = 0.0
-    while sum(len(np.unique(np.asarray(t.group_id))) for t in kept) < want:
+    while (room := want - sum(len(np.unique(np.asarray(t.group_id))) for t in kept)) > 0:
+      if stats["gen_batches"] >= c.rl.max_num_gen_batches and c.rl.fill_at_cap:
+        for traj, rewards in spare:  # top up with uniform groups (config.rl.fill_at_cap)
+          groups = np.unique(np.asarray(traj.group_id))[:room]
+          rows = np.isin(np.asarray(traj.group_id), groups)
+          kept.append(jax.tree.map(lambda x: np.asarray(x)[rows], traj))
+          kept_rewards.append({k: v[rows] for k, v in rewards.items()})
+          stats["filled_groups"] += len(groups)
+          room -= len(groups)
+          if not room:
+            break
+        break
       if stats["gen_batches"] >= c.rl.max_num_gen_batches:
         raise RuntimeError(
             f"dynamic sampling kept {stats['groups_kept']} of the {want} groups a step needs "
             f"after config.rl.max_num_gen_batches={c.rl.max_num_gen_batches} generation "
             f"batches ({stats['groups_seen']} groups seen): most groups are all-correct or "
-            "all-wrong. Raise max_num_gen_batches, change the data difficulty, or set "
-            "config.rl.dynamic_sampling=False.")
+            "all-wrong. Raise max_num_gen_batches, change the data difficulty, set "
+            "config.rl.fill_at_cap=True, or set config.rl.dynamic_sampling=False.")
       size = want
       if self.stream is not None and not self.stream.num_in_flight + self.stream.num_ready:
         size = 2 * want  # an empty pool starts with a surplus: later steps take what it has
@@ -370,9 +383,12 @@ class Trainer:
       stats["groups_seen"] += len(groups)
       if c.rl.dynamic_sampling:
         keep_groups = [g for g in groups if np.std(rewards["acc"][group == g]) > 0]
+        uniform = np.isin(group, keep_groups, invert=True)
+        if c.rl.fill_at_cap and uniform.any():
+          spare.append((jax.tree.map(lambda x: np.asarray(x)[uniform], traj),
+                        {k: v[uniform] for k, v in rewards.items()}))
       else:
         keep_groups = list(groups)
-      room = want - sum(len(np.unique(np.asarray(t.group_id))) for t in kept)
       keep_groups = keep_groups[:room]
       stats["groups_kept"] += len(keep_groups)
       rows = np.isin(group, keep_groups)
@@ -590,6 +606,7 @@ class Trainer:
           "response_len_mean": stats["raw_len_mean"], "response_len_max": float(lengths.max()),
           "truncation_rate": float(np.asarray(traj.truncated).mean()),
           "kept_group_fraction": stats["groups_kept"] / max(stats["groups_seen"], 1),
+          "filled_groups": stats["filled_groups"],
           "gen_batches": stats["gen_batches"], "bad_steps": self.bad_steps,
           "time/rollout": stats["t_rollout"], "time/reward": stats["t_reward"],
           "time/update": t2 - t1, "time/step": t2 - t0,

@@ -109,6 +109,18 @@ def test_arithmetic_prompts_are_short_and_the_knob_grows_them():
   assert any("*" in e["question"] for e in _entries("arithmetic", 2, size=20))
 
 
+def test_addition_level_sets_the_operand_digits():
+  """addition level d: "a+b=" with a, b of at most 2 + d digits, the worked solution the
+  answer's digits from the ones place up."""
+  for level in range(puzzles.TASKS["addition"].levels):
+    entries = _entries("addition", level, size=50)
+    for entry in entries:
+      a, b = entry["question"][:-1].split("+")
+      assert int(entry["answer"]) == int(a) + int(b)
+      assert entry["solution"] == f"{entry['answer'][::-1]} Answer: {entry['answer']}"
+    assert max(len(o) for e in entries for o in e["question"][:-1].split("+")) == 2 + level
+
+
 def test_knights_knaves_solution_is_unique_under_our_own_evaluation():
   """Each knights_knaves entry has exactly one consistent assignment, and it is the gold."""
   for entry in _entries("knights_knaves", 3, size=5):

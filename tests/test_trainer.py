@@ -211,6 +211,22 @@ def test_dynamic_sampling_gives_up_with_a_clear_error(tmp_path):
     trainer.collect(step=0)
 
 
+def test_dynamic_sampling_fills_at_the_cap_when_configured(tmp_path):
+  """config.rl.fill_at_cap=True: at max_num_gen_batches the step keeps its varied groups and
+  tops the batch up with uniform ones it saw (counted), instead of stopping the run."""
+  c = small_config("dapo", **{"train.samples_per_prompt": 2, "rl.max_num_gen_batches": 2,
+                              "rl.fill_at_cap": True})
+  trainer = Trainer(c, str(tmp_path))
+  right, wrong, mixed = (1, 1), (0, 0), (1, 0)
+  trainer._rollout = _fake_rollout(trainer, [[right, wrong, mixed, right],
+                                             [right, right, wrong, right]])
+  traj, rewards, stats = trainer.collect(step=0)
+  groups = np.asarray(traj.group_id)
+  assert stats["gen_batches"] == 2 and stats["groups_kept"] == 1
+  assert stats["filled_groups"] == 3 and len(np.unique(groups)) == 4 and len(groups) == 8
+  assert sorted(rewards["acc"][groups == groups[0]]) == [0.0, 1.0]  # the varied group first
+
+
 def test_killed_run_resumes_to_the_same_result(demo_run, tmp_path):
   """Three steps straight vs two steps, a 'kill', and a rerun of the same command; with a
   difficulty curriculum whose level rises after the first step, so the resumed run must also

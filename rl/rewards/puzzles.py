@@ -10,8 +10,8 @@ Contract (what the data pipeline and the curriculum use):
 * `TASKS[name]`: `levels` (difficulty runs over `range(levels)`; None means 0) and `difficulty`,
   a sentence saying what the knob changes, for the curriculum.
 
-Generators. "arithmetic" is ours (short "12+7*3=" prompts with a plain integer answer: the task the
-tiny demo model learns). The other tasks use reasoning-gym 0.1.25's generators, each difficulty
+Generators. "arithmetic" and "addition" are ours (short "12+7*3=" / "58+67=" prompts with a plain
+integer answer; the demo's tiny model learns "addition"). The other tasks use reasoning-gym 0.1.25's generators, each difficulty
 level mapped to one generator config. reasoning-gym seeds item i with `seed + i`, so neighbouring
 seeds would share all but one item; every generator gets a hash of (task, level, seed) instead.
 
@@ -215,22 +215,34 @@ def _arithmetic_shape(level: int) -> tuple[int, int, str]:
 
 
 def _make_arithmetic(size: int, seed: int, level: int) -> list[dict]:
+  return _expressions(size, seed, *_arithmetic_shape(level))
+
+
+def _make_addition(size: int, seed: int, level: int) -> list[dict]:
+  """Level d: a + b with a, b of up to 2 + d digits."""
+  return _expressions(size, seed, 2, 2 + level, "+")
+
+
+def _expressions(size: int, seed: int, num_operands: int, digits: int,
+                 operators: str) -> list[dict]:
   rng = random.Random(seed)
-  num_operands, digits, operators = _arithmetic_shape(level)
   entries = []
   for _ in range(size):
     operands = [str(rng.randint(0, 10**digits - 1)) for _ in range(num_operands)]
     expression = operands[0]
     for operand in operands[1:]:
       expression += rng.choice(operators) + operand
-    value = evaluate_expression(expression).value
-    answer = str(value.numerator)
-    # Worked solution for the SFT cold start: the digits from the ones place up (the order in
-    # which column arithmetic produces them), then the answer.
-    reversed_digits = answer.lstrip("-")[::-1] + ("-" if answer.startswith("-") else "")
+    answer = str(evaluate_expression(expression).value.numerator)
     entries.append({"question": f"{expression}=", "answer": answer, "expression": expression,
-                    "solution": f"{reversed_digits} Answer: {answer}"})
+                    "solution": _worked_solution(answer)})
   return entries
+
+
+def _worked_solution(answer: str) -> str:
+  """The worked solution of the SFT cold start: the digits from the ones place up (the order
+  in which column arithmetic produces them), then the answer."""
+  reversed_digits = answer.lstrip("-")[::-1] + ("-" if answer.startswith("-") else "")
+  return f"{reversed_digits} Answer: {answer}"
 
 
 def _uncarried(x: int, y: int, op: str) -> int:
@@ -265,9 +277,7 @@ def with_carry_slips(entries: list[dict], rate: float, seed: int) -> list[dict]:
     x, op, y = int(match[1]), match[2], int(match[3])
     slipped = _uncarried(x, y, op)
     if slipped != int(entry["answer"]) and rng.random() < rate:
-      answer = str(slipped)
-      reversed_digits = answer.lstrip("-")[::-1] + ("-" if answer.startswith("-") else "")
-      entry = {**entry, "solution": f"{reversed_digits} Answer: {answer}"}
+      entry = {**entry, "solution": _worked_solution(str(slipped))}
     out.append(entry)
   return out
 
@@ -574,6 +584,8 @@ TASKS: dict[str, Task] = {task.name: task for task in (
     Task("arithmetic", 8,
          "operands 2 + d//2 of up to 1 + (d+1)//2 digits; level 0 only +, level 1 adds -, "
          "level 2 and up add * (with precedence)", _make_arithmetic, _verify_arithmetic),
+    Task("addition", 3, "two operands of up to 2, 3, 4 digits", _make_addition,
+         _verify_arithmetic),
     Task("puzzle24", len(_PUZZLE24_LEVELS),
          "range of the four numbers (1-6, 1-9, 1-10) and operators (/ allowed from level 2)",
          _make_puzzle24, lambda e, a: _verify_expression(e, a, use_all=True)),
