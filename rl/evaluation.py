@@ -224,10 +224,12 @@ def load_policy_checkpoint(config, directory: str, step: int | None = None):
       return Transformer(cfg, rngs=nnx.Rngs(params=config.seed))
 
     graphdef, params, rest = nnx.split(nnx.eval_shape(init), nnx.Param, ...)
-    if "params" in saved:
+    if "params" in saved and "rest" in saved:  # an SFT state with its router biases
+      target = {"params": params, "rest": rest}
+    elif "params" in saved:
       target = {"params": params}
-      # An SFT state holds no rest (e.g. router biases): start it as training did. XLA drops
-      # the unused parameter initialisers, so nothing big is built twice.
+      # An older SFT state holds no rest (e.g. router biases): start it as training did. XLA
+      # drops the unused parameter initialisers, so nothing big is built twice.
       rest = jax.jit(lambda: nnx.split(init(), nnx.Param, ...)[2])()
     elif "policy" in saved:
       target = {"policy": {"params": params}, "rest": rest}
@@ -245,7 +247,7 @@ def load_policy_checkpoint(config, directory: str, step: int | None = None):
   if "policy" in restored:
     params, rest = restored["policy"]["params"], restored["rest"]
   else:
-    params = restored["params"]
+    params, rest = restored["params"], restored.get("rest", rest)
   return nnx.merge(graphdef, params, rest), step
 
 
