@@ -318,7 +318,7 @@ class _FixedLogits(nnx.Module):
     self.logits = nnx.Param(logits)
 
   def forward(self, tokens, routing=None, token_mask=None, indexer_stage=None):
-    return types.SimpleNamespace(logits=self.logits.value)
+    return types.SimpleNamespace(logits=self.logits.value, router_stats=None)
 
 
 def test_tool_result_positions_get_no_gradient():
