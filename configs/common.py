@@ -8,6 +8,7 @@ an error. `validate(config)` runs at start-up and names the bad field and the al
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 import ml_collections
@@ -17,6 +18,11 @@ from rl import algorithms
 
 JOBS = ("rl", "sft", "sft_rl", "o1_coder")
 TOKENIZERS_BUILTIN = ("byte",)
+
+
+class InputError(ValueError):
+  """Bad input named in the message (a config field, a path, a data record with its file and
+  line): the launchers print it as one line and exit with status 2."""
 
 
 def model_section(preset: str, **overrides) -> ml_collections.ConfigDict:
@@ -113,6 +119,7 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
       final_lr_fraction=0.1,  # cosine decay from lr to lr * this
       weight_decay=0.0,
       log_every=20,
+      checkpoint_every=200,  # optimiser steps between checkpoints (and one at the end)
       # DSA models: weight of the indexer KL loss (0 leaves the indexer untrained), and the
       # steps of dense attention (indexer fitted to it) before sparse training.
       indexer_coef=1.0,
@@ -130,8 +137,8 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
       micro_batches=1,  # gradient-accumulation slices of one mini-batch
       log_every=1,
       eval_every=25,
-      checkpoint_every=25,
-      keep_checkpoints=2,
+      checkpoint_every=25,  # steps between checkpoints; one is also saved at the end
+      keep_checkpoints=2,  # the latest K are kept (>= 1)
       max_bad_steps=3,  # consecutive non-finite steps before the run stops
   ))
   # Multi-turn tool use (rl/tools/): RL episodes on tool environments instead of data.source;
@@ -161,8 +168,16 @@ def _allowed(field: str, value, allowed) -> None:
 
 def _positive(c: ml_collections.ConfigDict, section: str, *fields: str) -> None:
   for f in fields:
-    if c[section][f] <= 0:
-      raise ValueError(f"config.{section}.{f}={c[section][f]!r}: must be positive")
+    value = c[section][f]
+    if not (value > 0 and math.isfinite(value)):  # NaN compares False: it fails here too
+      raise ValueError(f"config.{section}.{f}={value!r}: must be positive and finite")
+
+
+def _non_negative(c: ml_collections.ConfigDict, section: str, *fields: str) -> None:
+  for f in fields:
+    value = c[section][f]
+    if not (value >= 0 and math.isfinite(value)):
+      raise ValueError(f"config.{section}.{f}={value!r}: must be >= 0 and finite")
 
 
 def model_config(c: ml_collections.ConfigDict) -> ModelConfig:
@@ -176,7 +191,28 @@ def model_config(c: ml_collections.ConfigDict) -> ModelConfig:
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
-  """Start-up checks: every bad value fails here, naming the field and what is allowed."""
+  """Start-up checks: every bad value fails here (InputError), naming the field and what is
+  allowed."""
+  try:
+    _validate(c)
+  except InputError:
+    raise
+  except ValueError as e:
+    raise InputError(str(e)) from None
+
+
+def check_paths(c: ml_collections.ConfigDict) -> None:
+  """The local paths a run reads at start exist (InputError naming the field). Not part of
+  validate(): a dry run plans a recipe on a machine that does not hold its checkpoint."""
+  if c.tokenizer not in TOKENIZERS_BUILTIN and not os.path.isdir(c.tokenizer):
+    raise InputError(f"config.tokenizer={c.tokenizer!r}: no such directory (use 'byte' or a "
+                     "directory holding tokenizer.json)")
+  if c.init_hf_dir and not os.path.isfile(os.path.join(c.init_hf_dir, "config.json")):
+    raise InputError(f"config.init_hf_dir={c.init_hf_dir!r}: no config.json there (not an HF "
+                     "checkpoint directory)")
+
+
+def _validate(c: ml_collections.ConfigDict) -> None:
   _allowed("job", c.job, JOBS)
   model_config(c)
   from rl.rewards import puzzles  # deferred: keeps config files importable without rewards
@@ -189,8 +225,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
   _allowed("data.prompt_template", c.data.prompt_template, templates.TEMPLATES)
   _positive(c, "data", "train_size", "heldout_size")
   _positive(c, "rollout", "max_new_tokens", "prompt_bucket")
-  if c.rollout.temperature < 0:
-    raise ValueError(f"config.rollout.temperature={c.rollout.temperature}: must be >= 0")
+  _non_negative(c, "rollout", "temperature", "eval_temperature")
+  if c.rollout.max_new_tokens >= c.model.max_seq_len:
+    raise ValueError(f"config.rollout.max_new_tokens={c.rollout.max_new_tokens}: must be "
+                     f"smaller than config.model.max_seq_len={c.model.max_seq_len} (prompts get "
+                     "the rest of the context)")
   if not 0 < c.rollout.top_p <= 1:
     raise ValueError(f"config.rollout.top_p={c.rollout.top_p}: must be in (0, 1]")
   from rl.quant import WEIGHT_DTYPES
@@ -204,8 +243,18 @@ def validate(c: ml_collections.ConfigDict) -> None:
         f"config.rl.overlong_buffer={c.rl.overlong_buffer}: must be smaller than "
         f"config.rollout.max_new_tokens={c.rollout.max_new_tokens} (the penalty ramps over the "
         "last overlong_buffer tokens; 0 turns it off)")
-  _positive(c, "optim", "lr")
-  _positive(c, "sft", "batch_size", "epochs", "lr", "log_every")
+  _non_negative(c, "rl", "kl_coef")
+  for domain, beta in c.rl.kl_coef_per_domain.items():
+    if not (beta >= 0 and math.isfinite(beta)):
+      raise ValueError(f"config.rl.kl_coef_per_domain[{domain!r}]={beta!r}: must be >= 0 and "
+                       "finite")
+  _positive(c, "optim", "lr", "critic_lr", "grad_clip")
+  _non_negative(c, "optim", "warmup_steps", "weight_decay")
+  for f in ("b1", "b2"):
+    if not 0 <= c.optim[f] < 1:
+      raise ValueError(f"config.optim.{f}={c.optim[f]!r}: must be in [0, 1)")
+  _positive(c, "sft", "batch_size", "epochs", "lr", "log_every", "checkpoint_every")
+  _non_negative(c, "sft", "warmup_steps", "weight_decay")
   _check_curriculum(c)
   if not 0.0 <= c.sft.carry_slip_rate <= 1.0:
     raise ValueError(f"config.sft.carry_slip_rate={c.sft.carry_slip_rate}: must be in [0, 1]")
@@ -217,7 +266,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if c.sft.max_len < 0:
     raise ValueError(f"config.sft.max_len={c.sft.max_len}: must be >= 0 (0: the longest example)")
   _positive(c, "train", "steps", "prompts_per_step", "samples_per_prompt", "mini_batches",
-            "micro_batches", "log_every")
+            "micro_batches", "log_every", "checkpoint_every", "keep_checkpoints",
+            "max_bad_steps")
+  _non_negative(c, "train", "eval_every")
   batch = c.train.prompts_per_step * c.train.samples_per_prompt
   if batch % (c.train.mini_batches * c.train.micro_batches):
     raise ValueError(

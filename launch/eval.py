@@ -79,7 +79,7 @@ _OUT_DIR = flags.DEFINE_string("out_dir", None, "Output directory (default: ./ev
 
 
 class EvalError(Exception):
-  """A bad flag or path: reported on one line, exit status 2."""
+  """A bad flag or path: reported on one line (`error: ...`), exit status 2 (launch/logs.py)."""
 
 
 # ======================================================================== Flags
@@ -273,14 +273,9 @@ def run() -> dict:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  try:
-    run()
-  except EvalError as e:
-    logging.error("%s", e)
-    print(f"eval: {e}", file=sys.stderr)
-    sys.exit(2)
+  run()
 
 
 if __name__ == "__main__":
-  logs.setup()
-  app.run(main)
+  from configs.common import InputError
+  logs.run(main, bad_input=(EvalError, InputError, hf.CheckpointError))

@@ -5,9 +5,12 @@
   python launch/train.py --config=configs/deepseek_v32_moe_tpu.py --dry_run
 
 The config file's `get_config(arg)` builds the run; `--config.a.b=v` overrides any field (an
-unknown field is an error). The config is validated before anything is built, and a bad value
-is reported with its field name and the allowed values. Rerunning the same command with the
-same workdir resumes from the latest checkpoint. `--dry_run` builds the mesh, model and optimiser
+unknown field is an error). The config is validated before anything is built: a bad value, a
+typo in a field, a missing config file or tokenizer directory, a bad prompt record or a broken
+HF checkpoint is reported on one line (`error: ...`, exit status 2). Rerunning the same command
+with the same workdir resumes from the latest checkpoint. The workdir may be local or remote
+(`gs://bucket/run`, through etils.epath). SIGTERM or SIGINT saves a checkpoint at the end of
+the step in progress and exits with status 0; the same command then resumes. `--dry_run` builds the mesh, model and optimiser
 abstractly, prints parameter counts and per-device memory (launch/dry_run.py) and exits. On
 several hosts every process runs this same command; they join one JAX runtime from the
 launcher's environment (rl/distributed.py) before any device is touched.
@@ -41,21 +44,26 @@ def main(argv):
   config = _CONFIG.value
   if config is None:
     raise app.UsageError("--config=configs/<name>.py is required")
-  try:
-    common.validate(config)
-  except ValueError as e:
-    logging.error("invalid config: %s", e)
-    print(f"invalid config: {e}", file=sys.stderr)
-    sys.exit(2)
+  common.validate(config)
   if _DRY_RUN.value:
     from launch import dry_run
     print("\n".join(dry_run.format_report(dry_run.report(config))))
     return
+  common.check_paths(config)
+  from rl import checkpoint
   from rl import distributed
   distributed.initialize_from_env()
-  workdir = _WORKDIR.value or os.path.join(
-      "workdir", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0])
-  logging.info("workdir: %s", os.path.abspath(workdir))
+  # Remote paths (gs://...) stay as they are; a relative local one is made absolute.
+  workdir = checkpoint.workdir_path(_WORKDIR.value or os.path.join(
+      "workdir", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]))
+  logging.info("workdir: %s", workdir)
+  try:
+    _run_job(config, str(workdir))
+  except checkpoint.Preempted as e:
+    logging.info("%s", e)
+
+
+def _run_job(config, workdir) -> None:
   if config.job == "rl":
     from rl import trainer
     trainer.run(config, workdir)
@@ -71,5 +79,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  logs.setup()
-  app.run(main)
+  from models.hf import CheckpointError
+  logs.run(main, bad_input=(common.InputError, CheckpointError, FileNotFoundError))

@@ -1,35 +1,92 @@
-"""Orbax checkpoints of a run: every array of the training state plus a small JSON record
-(step, counters, curriculum state), saved asynchronously every N steps, the latest K kept.
+"""What a run keeps in its workdir and how it survives a restart: orbax checkpoints of every
+array of the training state plus a small JSON record (step, counters, curriculum state, wall
+time), saved asynchronously every N steps with the latest K kept; the resolved config
+(config.json) and the check that a resumed run builds the same model; metrics.jsonl and
+TensorBoard scalars; and preemption (SIGTERM / SIGINT: save at the next step boundary, exit).
 
-Orbax writes each step to a temporary directory and renames it only when complete, so a save
-killed half-way never damages the last good checkpoint. Restore goes through an abstract target
-(shapes, dtypes and shardings of the current run), so a checkpoint can be restored onto another
-mesh.
+A workdir is local or remote (`gs://bucket/run`): every path goes through etils.epath, which
+orbax uses too, so a remote URI reaches the storage untouched (a local path is made absolute,
+as orbax wants). Orbax commits a step only when it is complete (a rename locally, a commit file
+on GCS), so a save killed half-way never damages the last good checkpoint; a step that is
+complete but unreadable (a file truncated or lost afterwards) is skipped on resume with a log
+line, and the previous step is restored. Restore goes through an abstract target (shapes,
+dtypes and shardings of the current run), so a checkpoint can be restored onto another mesh.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import io
+import json
 import os
+import signal
+import threading
 from typing import Any
 
 import jax
+import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
 
+from configs import common
+
+# Python modules a gs:// workdir needs beyond this project's requirements: etils.epath reads
+# and writes gs:// files through gcsfs (or TensorFlow's gfile), and orbax lists checkpoint
+# steps on GCS through google-cloud-storage.
+GS_MODULES = ({"gcsfs", "tensorflow"}, {"google.cloud.storage"})
+
+
+def is_remote(path: str | os.PathLike) -> bool:
+  return "://" in os.fspath(path)
+
+
+def _importable(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:  # a parent package is missing
+    return False
+
+
+def workdir_path(path: str | os.PathLike) -> epath.Path:
+  """`path` as an etils.epath.Path: a remote URI (gs://bucket/run) as it is, a local path made
+  absolute. A gs:// path whose client libraries are missing is an InputError naming them."""
+  if not is_remote(path):
+    return epath.Path(os.path.abspath(os.fspath(path)))
+  if os.fspath(path).startswith("gs://"):
+    for choices in GS_MODULES:
+      if not any(_importable(m) for m in choices):
+        raise common.InputError(
+            f"workdir {os.fspath(path)}: gs:// paths need the Python module "
+            f"{' or '.join(sorted(choices))} (pip install "
+            f"{' or '.join(sorted(m.replace('.', '-') for m in choices))})")
+  return epath.Path(path)
+
+
+# ======================================================================== Checkpoints
 
 class Checkpointer:
-  def __init__(self, directory: str, *, keep: int = 2, save_every: int = 1):
-    self.directory = os.path.abspath(directory)
+  def __init__(self, directory: str | os.PathLike, *, keep: int = 2, save_every: int = 1):
+    if keep < 1 or save_every < 1:
+      raise ValueError(f"Checkpointer(keep={keep}, save_every={save_every}): both must be >= 1")
+    self.directory = workdir_path(directory)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=save_every,
                                            enable_async_checkpointing=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
+    self.unreadable: set[int] = set()  # complete steps that failed to restore
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
   def save(self, step: int, state: Any, record: dict, *, force: bool = False) -> bool:
-    """Saves if `step` is on the save interval (or `force`); a step already saved is kept."""
+    """Saves if `step` is on the save interval (or `force`); a step already saved is kept,
+    unless it failed to restore (it is replaced)."""
     if step in self.manager.all_steps():
-      return False
+      if step not in self.unreadable:
+        return False
+      self.manager.delete(step)
+      self.unreadable.discard(step)
     return self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), record=ocp.args.JsonSave(record)), force=force)
 
@@ -41,9 +98,208 @@ class Checkpointer:
         state=ocp.args.StandardRestore(target), record=ocp.args.JsonRestore()))
     return restored["state"], restored["record"]
 
+  def record(self, step: int) -> dict:
+    """The JSON record of `step` alone (no arrays are read)."""
+    return self.manager.restore(step, args=ocp.args.Composite(
+        record=ocp.args.JsonRestore()))["record"]
+
+  def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict] | None:
+    """(step, state, record) of the newest step that restores, or None without checkpoints.
+    A step that fails (a truncated or missing file) is logged and the one before it tried;
+    the run then saves over it. If no step restores, the newest step's error is raised."""
+    steps = sorted(self.manager.all_steps(), reverse=True)
+    first_error = None
+    for step in steps:
+      try:
+        state, record = self.restore(step, abstract_state)
+      except Exception as e:  # noqa: BLE001  (orbax/tensorstore raise many kinds)
+        first_error = first_error or e
+        self.unreadable.add(step)
+        logging.warning("checkpoint step %d in %s cannot be restored (%s: %s); falling back "
+                        "to the step before it", step, self.directory, type(e).__name__,
+                        " ".join(str(e).split())[:300])
+        continue
+      if self.unreadable:
+        logging.warning("resuming from step %d of %s: the newer step(s) %s are unreadable and "
+                        "will be saved over", step, self.directory, sorted(self.unreadable))
+      return step, state, record
+    if first_error is not None:
+      raise first_error
+    return None
+
   def wait(self) -> None:
     self.manager.wait_until_finished()
 
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+# ======================================================================== Run config
+
+def _param_shapes(model: dict) -> dict[str, tuple]:
+  """{parameter path: shape} of the policy a config.model section builds (abstractly)."""
+  from flax import nnx
+
+  from models.transformer import Transformer
+  cfg = common.model_config(ml_collections.ConfigDict({"model": model}))
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0)))
+  return {"/".join(map(str, k)): tuple(v.get_value().shape)
+          for k, v in nnx.state(abstract, nnx.Param).flat_state()}
+
+
+def save_run_config(workdir: str | os.PathLike, config: ml_collections.ConfigDict, *,
+                    resuming: bool) -> None:
+  """Writes the resolved config to <workdir>/config.json (process 0). When `resuming`, a
+  config whose model has other parameter shapes than the one the workdir was started with is
+  refused first (InputError naming every changed config.model field with both values); other
+  changed model fields are logged."""
+  path = workdir_path(workdir) / "config.json"
+  if resuming and path.exists():
+    before = json.loads(path.read_text())["model"]
+    now = config.model.to_dict()
+    changed = {k: (before.get(k), now.get(k)) for k in sorted(set(before) | set(now))
+               if before.get(k) != now.get(k)}
+    if changed:
+      listed = "; ".join(f"config.model.{k}={b!r} there, {n!r} now" for k, (b, n) in
+                         changed.items())
+      if _param_shapes(before) != _param_shapes(now):
+        raise common.InputError(
+            f"{path.parent} holds checkpoints of another model ({listed}): the parameter shapes "
+            "differ, so it cannot be resumed. Use the original model settings or another "
+            "--workdir.")
+      logging.warning("resuming %s with changed model settings (%s)", path.parent, listed)
+  if jax.process_index() == 0:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(config.to_json_best_effort(indent=1, sort_keys=True) + "\n")
+
+
+# ======================================================================== Metrics
+
+class _RemoteEventFile:
+  """A TensorBoard event file on remote storage: objects there cannot be appended to, so each
+  flush rewrites it with everything written so far (as tensorboardX's own GCS writer does)."""
+
+  def __init__(self, path: str):
+    self.path = epath.Path(path)
+    self.buffer = io.BytesIO()
+
+  def write(self, data: bytes) -> None:
+    self.buffer.write(data)
+
+  def flush(self) -> None:
+    self.path.write_bytes(self.buffer.getvalue())
+
+  def close(self) -> None:
+    self.flush()
+
+
+class _RemoteEventFiles:
+  """tensorboardX writer factory for remote logdirs, through etils.epath."""
+
+  def open(self, path: str) -> _RemoteEventFile:
+    return _RemoteEventFile(path)
+
+  def directory_check(self, path: str) -> None:
+    epath.Path(path).mkdir(parents=True, exist_ok=True)
+
+
+def _row_step(line: str) -> float:
+  """The step of a metrics.jsonl row; inf for a blank or torn one (a kill mid-write)."""
+  try:
+    return json.loads(line)["step"]
+  except (ValueError, KeyError, TypeError):
+    return float("inf")
+
+
+class MetricsWriter:
+  """metrics.jsonl + TensorBoard scalars in the workdir; only process 0 writes. A run that
+  starts at `resume_step` first drops the rows of later steps (it runs them again, and a plot
+  would show them twice); TensorBoard hides those steps' old events (purge_step)."""
+
+  def __init__(self, workdir: str | os.PathLike, *, resume_step: int = 0):
+    self.enabled = jax.process_index() == 0
+    workdir = workdir_path(workdir)
+    self.path = workdir / "metrics.jsonl"
+    self.remote = is_remote(workdir)
+    self.lines: list[str] = []
+    self.tb = None
+    if not self.enabled:
+      return
+    workdir.mkdir(parents=True, exist_ok=True)
+    if self.path.exists():
+      self.lines = [line + "\n" for line in self.path.read_text().splitlines()
+                    if _row_step(line) <= resume_step]
+      self.path.write_text("".join(self.lines))
+    from tensorboardX import SummaryWriter, record_writer
+    if self.remote:
+      record_writer.register_writer_factory(os.fspath(workdir).split(":", 1)[0],
+                                            _RemoteEventFiles())
+    self.tb = SummaryWriter(os.fspath(workdir / "tb"), purge_step=resume_step + 1)
+
+  def write(self, step: int, metrics: dict[str, float]) -> None:
+    if not self.enabled:
+      return
+    line = json.dumps({"step": step, **metrics}) + "\n"
+    self.lines.append(line)
+    if self.remote:  # remote objects cannot be appended to: rewrite the (small) file
+      self.path.write_text("".join(self.lines))
+    else:
+      with self.path.open("a") as f:
+        f.write(line)
+    for k, v in metrics.items():
+      self.tb.add_scalar(k, v, step)
+    self.tb.flush()
+
+  def close(self):
+    if self.tb is not None:
+      self.tb.close()
+
+
+# ======================================================================== Preemption
+
+class Preempted(Exception):
+  """Raised by a training loop after saving the checkpoint that SIGTERM or SIGINT asked for;
+  launch/train.py logs it and exits with status 0, and the same command resumes."""
+
+
+class PreemptionGuard:
+  """While entered, SIGTERM and SIGINT only set a flag (and put the previous handlers back,
+  so a second signal acts at once); the loop asks `requested()` at each step boundary, saves
+  and raises Preempted. With several processes the flag is agreed at that boundary (any
+  process signalled stops them all at the same step). Signals are only caught on the main
+  thread (Python's rule); elsewhere the guard does nothing."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.received: str | None = None
+    self._previous: dict[int, Any] = {}
+
+  def __enter__(self) -> PreemptionGuard:
+    if threading.current_thread() is threading.main_thread():
+      for sig in self.SIGNALS:
+        self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def _handle(self, signum, frame) -> None:
+    del frame
+    self.received = signal.Signals(signum).name
+    self._restore()
+    logging.warning("%s received: saving a checkpoint at the end of this step, then exiting "
+                    "(send it again to stop at once)", self.received)
+
+  def _restore(self) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
+
+  def __exit__(self, *exc) -> None:
+    self._restore()
+
+  def requested(self) -> bool:
+    stop = self.received is not None
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      stop = bool(np.any(multihost_utils.process_allgather(np.int32(stop))))
+    return stop

@@ -9,8 +9,6 @@ small object with one job (rollout engine, verifier, checkpointer). A new recipe
 from __future__ import annotations
 
 import functools
-import json
-import os
 import time
 from typing import Any
 
@@ -33,39 +31,14 @@ from rl import rollout as rollout_lib
 from rl import train_step as ts
 from rl.data.curriculum import PromptCurriculum
 from rl.data.entries import encode_prompts, load_entries, prompt_of
-from rl.checkpoint import Checkpointer
+from rl.checkpoint import Checkpointer, MetricsWriter, PreemptionGuard, Preempted
+from rl.checkpoint import save_run_config, workdir_path
 from rl.rewards import manager
 from rl.rewards.shaping import overlong_penalty, place_on_last_token
 from rl.sampling import masked_logprobs, unpack_sample_mask
 from rl.streaming import StreamingConfig, StreamingRollout
 from rl.tools import reward as tool_reward
 from rl.tools.hook import ToolUse
-
-
-class MetricsWriter:
-  """metrics.jsonl + TensorBoard scalars in the workdir; only process 0 writes."""
-
-  def __init__(self, workdir: str):
-    self.enabled = jax.process_index() == 0
-    self.path = os.path.join(workdir, "metrics.jsonl")
-    self.tb = None
-    if self.enabled:
-      os.makedirs(workdir, exist_ok=True)
-      from tensorboardX import SummaryWriter
-      self.tb = SummaryWriter(os.path.join(workdir, "tb"))
-
-  def write(self, step: int, metrics: dict[str, float]) -> None:
-    if not self.enabled:
-      return
-    with open(self.path, "a") as f:
-      f.write(json.dumps({"step": step, **metrics}) + "\n")
-    for k, v in metrics.items():
-      self.tb.add_scalar(k, v, step)
-    self.tb.flush()
-
-  def close(self):
-    if self.tb is not None:
-      self.tb.close()
 
 
 # ======================================================================== Reward
@@ -126,10 +99,15 @@ class Trainer:
   """Holds the run's state between steps; `run()` is the loop."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    self.t_leg = time.perf_counter()  # this process's share of the run's wall time
     common.validate(config)
+    common.check_paths(config)
     self.config = c = config
-    self.workdir = workdir
-    os.makedirs(workdir, exist_ok=True)
+    self.workdir = workdir_path(workdir)
+    self.checkpointer = Checkpointer(self.workdir / "checkpoints",
+                                     keep=c.train.keep_checkpoints,
+                                     save_every=c.train.checkpoint_every)
+    save_run_config(self.workdir, c, resuming=self.checkpointer.latest_step() is not None)
     self.tokenizer = load_tokenizer(c.tokenizer)
     self.model_cfg = common.model_config(c)
 
@@ -173,11 +151,9 @@ class Trainer:
           weight_decay=c.optim.weight_decay, grad_clip=c.optim.grad_clip)
       self.critic = self.placement.train_state(critic_params, self.critic_optimizer,
                                                offload=c.optim.offload_state)
-    self.checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
-                                     keep=c.train.keep_checkpoints,
-                                     save_every=c.train.checkpoint_every)
     self.start_step = 0
     self.bad_steps = 0
+    self.wall_s_before = 0.0  # wall time of the run's earlier legs (from the checkpoint)
     if c.init_checkpoint:
       self._load_init(c.init_checkpoint)
     # The KL reference is the policy the run starts from (config.init_checkpoint, init_hf_dir
@@ -242,7 +218,7 @@ class Trainer:
     self.sampler_weights = (quant.SamplerWeights(c.rollout.weight_dtype,
                                                  block_size=c.rollout.weight_block_size)
                             if c.rollout.weight_dtype else None)
-    self.writer = MetricsWriter(workdir)
+    self.writer = MetricsWriter(self.workdir, resume_step=self.start_step)
 
   def _train_state(self, params) -> ts.TrainState:
     """A fresh policy TrainState on the run's mesh."""
@@ -260,13 +236,14 @@ class Trainer:
     return state
 
   def _maybe_resume(self) -> None:
-    step = self.checkpointer.latest_step()
-    if step is None:
+    latest = self.checkpointer.restore_latest(self._checkpoint_state())
+    if latest is None:
       return
-    restored, record = self.checkpointer.restore(step, self._checkpoint_state())
+    _, restored, record = latest
     self.state, self.rest = restored["policy"], restored["rest"]
     self.critic = restored.get("critic", self.critic)
     self.start_step, self.bad_steps = record["step"], record["bad_steps"]
+    self.wall_s_before = record.get("wall_s", 0.0)
     self.curriculum.load_state_dict(record.get("curriculum", {"mode": ""}))  # older: uniform
     self._follow_curriculum()
     logging.info("resumed from %s at step %d", self.checkpointer.directory, self.start_step)
@@ -288,10 +265,15 @@ class Trainer:
     self.state = self._train_state(restored["params"])
     init.close()
 
+  def wall_s(self) -> float:
+    """Wall time of the whole run so far: earlier legs (up to their last checkpoint) + this."""
+    return self.wall_s_before + time.perf_counter() - self.t_leg
+
   def save(self, step: int, *, force: bool = False) -> None:
     self.checkpointer.save(step, self._checkpoint_state(),
                            {"step": step, "bad_steps": self.bad_steps,
-                            "curriculum": self.curriculum.state_dict()}, force=force)
+                            "curriculum": self.curriculum.state_dict(),
+                            "wall_s": self.wall_s()}, force=force)
 
   def _follow_curriculum(self) -> None:
     """Takes up the curriculum's training entries when it regenerated them (a new level)."""
@@ -572,6 +554,12 @@ class Trainer:
 
   # ---------------------------------------------------------------------- Loop
   def run(self) -> dict[str, float]:
+    """Trains to config.train.steps. SIGTERM / SIGINT: the step in progress finishes, is
+    saved, and Preempted is raised (rl/checkpoint.py)."""
+    with PreemptionGuard() as preemption:
+      return self._run(preemption)
+
+  def _run(self, preemption: PreemptionGuard) -> dict[str, float]:
     c = self.config
     last: dict[str, float] = {}
     t_start = time.perf_counter()
@@ -625,6 +613,13 @@ class Trainer:
                      step + 1, c.train.steps, last["reward"], last[f"acc/{c.data.task}"],
                      last["response_len_mean"], last["tokens_per_s"], eta)
       self.save(step + 1)
+      if step + 1 < c.train.steps and preemption.requested():
+        self.save(step + 1, force=True)
+        self.checkpointer.close()
+        self.writer.close()
+        raise Preempted(f"stopped by {preemption.received or 'another process'} after step "
+                        f"{step + 1}/{c.train.steps}; checkpoint saved in "
+                        f"{self.checkpointer.directory}: rerun the same command to resume")
     self.save(c.train.steps, force=True)
     self.checkpointer.close()
     self.writer.close()
