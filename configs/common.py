@@ -263,8 +263,9 @@ def _validate(c: ml_collections.ConfigDict) -> None:
     raise ValueError("config.sft.carry_slip_rate > 0 needs two-operand + / - arithmetic: "
                      "config.data.source='puzzles' with task='addition', or task='arithmetic' "
                      "at difficulty 0 or 1")
-  if c.sft.max_len < 0:
-    raise ValueError(f"config.sft.max_len={c.sft.max_len}: must be >= 0 (0: the longest example)")
+  if not 0 <= c.sft.max_len <= c.model.max_seq_len:
+    raise ValueError(f"config.sft.max_len={c.sft.max_len}: must be in [0, "
+                     f"config.model.max_seq_len={c.model.max_seq_len}] (0: the longest example)")
   _positive(c, "train", "steps", "prompts_per_step", "samples_per_prompt", "mini_batches",
             "micro_batches", "log_every", "checkpoint_every", "keep_checkpoints",
             "max_bad_steps")

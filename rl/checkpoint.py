@@ -90,12 +90,20 @@ class Checkpointer:
     return self.manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), record=ocp.args.JsonSave(record)), force=force)
 
-  def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
+  def restore(self, step: int, abstract_state: Any, *,
+              partial: bool = False) -> tuple[Any, dict]:
     """Restores onto the shapes/dtypes/shardings of `abstract_state` (arrays or
-    jax.ShapeDtypeStruct leaves)."""
+    jax.ShapeDtypeStruct leaves); `partial`: the saved state may hold more (e.g. an SFT
+    stage's optimiser state, which the RL run it starts does not read)."""
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+    if partial:
+      state_args = ocp.args.PyTreeRestore(
+          item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+          partial_restore=True)
+    else:
+      state_args = ocp.args.StandardRestore(target)
     restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target), record=ocp.args.JsonRestore()))
+        state=state_args, record=ocp.args.JsonRestore()))
     return restored["state"], restored["record"]
 
   def record(self, step: int) -> dict:

@@ -1,10 +1,16 @@
 """Supervised fine-tuning (the cold start before RL): next-token loss on response tokens only,
 AdamW with warm-up and cosine decay (Seed-Thinking-v1.5: peak 2e-5 decaying to 2e-6 at full
-scale), epochs over the data, held-out loss, and an orbax checkpoint `{"params": ...}` that an
-RL run reads through `config.init_checkpoint`.
+scale), epochs over the data, held-out loss, and orbax checkpoints `{"params", "rest",
+"opt_state"}` of which an RL run reads the first two through `config.init_checkpoint`.
 
-Rows are `config.sft.max_len` tokens (0: the longest example); a longer example loses the end of
-its response (counted and logged). With `config.sft.pack` several examples share a row:
+Checkpoints are saved every `config.sft.checkpoint_every` steps and at the end (whose record
+holds the final metrics: that is how a finished stage is recognised). A rerun resumes from the
+latest one: the data order is a function of the seed and the step, so a resumed run ends with
+the parameters an uninterrupted one ends with. SIGTERM / SIGINT save at the next step and raise
+Preempted (rl/checkpoint.py).
+
+Rows are `config.sft.max_len` tokens (0: the longest example, at most the model's
+max_seq_len); a longer example loses the end of its response (counted and logged). With `config.sft.pack` several examples share a row:
 each keeps positions from 0 and a segment id, so attention and the DSA indexer's top-k stay
 inside its own document, and the packed loss is the sum of the separate examples' losses.
 """
@@ -12,7 +18,6 @@ inside its own document, and the packed loss is the sum of the separate examples
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Sequence
 
@@ -28,7 +33,8 @@ from configs import common
 from models import remat as remat_lib
 from models.tokenizer import load_tokenizer, pad_batch
 from rl import train_step as ts
-from rl.checkpoint import Checkpointer
+from rl.checkpoint import Checkpointer, PreemptionGuard, Preempted, save_run_config
+from rl.checkpoint import workdir_path
 from rl.placement import Placement
 from rl.data.entries import encode_prompts, load_entries
 from rl.rewards import puzzles
@@ -129,16 +135,32 @@ def response_nll(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array) -> 
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains (or resumes) the SFT stage in `workdir`; returns its metrics. A finished stage is
+  not rerun: its final metrics are returned from the checkpoint."""
+  t_leg = time.perf_counter()
   c = config
   common.validate(c)
+  common.check_paths(c)
   s = c.sft
+  workdir = workdir_path(workdir)
+  ckpt = Checkpointer(workdir / "checkpoints", keep=c.train.keep_checkpoints,
+                      save_every=s.checkpoint_every)
+  latest = ckpt.latest_step()
+  save_run_config(workdir, c, resuming=latest is not None)
+  if latest is not None:
+    record = ckpt.record(latest)
+    if "sft/eval_loss" in record:  # only the final checkpoint holds it
+      logging.info("SFT stage already done: %s step %d", ckpt.directory, latest)
+      ckpt.close()
+      return {k: v for k, v in record.items() if k.startswith("sft/")}
   tokenizer = load_tokenizer(c.tokenizer)
-  entries, heldout = load_entries(c)
+  entries, heldout = load_entries(c, tokenizer)
   if s.carry_slip_rate:
     entries = puzzles.with_carry_slips(entries, s.carry_slip_rate, seed=c.seed)
   train_ex = sft_examples(entries, tokenizer, c.data.prompt_template)
   eval_ex = sft_examples(heldout, tokenizer, c.data.prompt_template)
-  width = s.max_len or -(-max(len(p) + len(r) for p, r in train_ex + eval_ex) // 8) * 8
+  width = s.max_len or min(-(-max(len(p) + len(r) for p, r in train_ex + eval_ex) // 8) * 8,
+                           c.model.max_seq_len)
   train_ex, train_cut = fit_examples(train_ex, width)
   eval_ex, eval_cut = fit_examples(eval_ex, width)
   for name, cut in (("training", train_cut), ("held-out", eval_cut)):
@@ -227,41 +249,66 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
       nll, count = nll + float(a), count + float(b)
     return nll / max(count, 1.0)
 
-  metrics = {"sft/eval_loss_start": eval_loss(params, rest)}
+  start_step, wall_s_before = 0, 0.0
+  latest = ckpt.restore_latest({"params": params, "rest": rest, "opt_state": opt_state})
+  if latest is None:
+    metrics = {"sft/eval_loss_start": eval_loss(params, rest)}
+  else:
+    start_step, restored, record = latest
+    params, rest, opt_state = restored["params"], restored["rest"], restored["opt_state"]
+    metrics = {"sft/eval_loss_start": record["sft/eval_loss_start"]}
+    wall_s_before = record["sft/wall_s"]
+    logging.info("SFT resumed from %s at step %d", ckpt.directory, start_step)
+
+  def save(step: int, *, force: bool = False, **final) -> None:
+    ckpt.save(step, {"params": params, "rest": rest, "opt_state": opt_state},
+              {"step": step, **metrics, **final,
+               "sft/wall_s": wall_s_before + time.perf_counter() - t_leg}, force=force)
+
   logging.info("SFT: %d examples in rows of %d tokens (%.1f per row), %d steps, eval loss %.4f",
                len(train_ex), width, len(train_ex) / max(len(epoch_rows[0]), 1), total,
                metrics["sft/eval_loss_start"])
   t0 = time.perf_counter()
   step = 0
-  for epoch, rows in enumerate(epoch_rows):
-    for i in range(steps_per_epoch[epoch]):
-      batch_rows = rows[i * s.batch_size:(i + 1) * s.batch_size]
-      if s.pack:
-        batch = make_packed_batch(train_ex, batch_rows, tokenizer.pad_id, width)
-      else:
-        batch = make_batch([train_ex[r[0]] for r in batch_rows], tokenizer.pad_id, width)
-      stage = stage_at(step)
-      with placement.scope():
-        params, opt_state, loss, aux = train_step(params, opt_state, rest,
-                                                  placement.put_batch(batch), stage)
-        router_load = aux.pop("router_load", None)
-        if rebalance is not None:
-          rest = jax.device_put(rebalance(params, rest, router_load), placement.replicated)
-      step += 1
-      if step % s.log_every == 0 or step == total:
-        elapsed = time.perf_counter() - t0
-        if router_load is not None:
-          aux.update(ts.load_metrics(router_load))
-        extra = "".join(f" {k} {float(v):.3f}" for k, v in aux.items())
-        logging.info("sft step %d/%d epoch %d loss %.4f%s%s ETA %.0fs", step, total, epoch,
-                     float(loss), f" [{stage}]" if stage else "", extra,
-                     elapsed / step * (total - step))
-  metrics["sft/eval_loss"] = eval_loss(params, rest)
-  metrics["sft/train_loss"] = float(loss)
-  metrics["sft/wall_s"] = time.perf_counter() - t0
+  loss = float("nan")  # no step left to run in this leg
+  with PreemptionGuard() as preemption:
+    for epoch, rows in enumerate(epoch_rows):
+      for i in range(steps_per_epoch[epoch]):
+        if step < start_step:  # done before the restart (the order is the seed's)
+          step += 1
+          continue
+        batch_rows = rows[i * s.batch_size:(i + 1) * s.batch_size]
+        if s.pack:
+          batch = make_packed_batch(train_ex, batch_rows, tokenizer.pad_id, width)
+        else:
+          batch = make_batch([train_ex[r[0]] for r in batch_rows], tokenizer.pad_id, width)
+        stage = stage_at(step)
+        with placement.scope():
+          params, opt_state, loss, aux = train_step(params, opt_state, rest,
+                                                    placement.put_batch(batch), stage)
+          router_load = aux.pop("router_load", None)
+          if rebalance is not None:
+            rest = jax.device_put(rebalance(params, rest, router_load), placement.replicated)
+        step += 1
+        if step % s.log_every == 0 or step == total:
+          elapsed = time.perf_counter() - t0
+          if router_load is not None:
+            aux.update(ts.load_metrics(router_load))
+          extra = "".join(f" {k} {float(v):.3f}" for k, v in aux.items())
+          logging.info("sft step %d/%d epoch %d loss %.4f%s%s ETA %.0fs", step, total, epoch,
+                       float(loss), f" [{stage}]" if stage else "", extra,
+                       elapsed / (step - start_step) * (total - step))
+        if step < total:  # the last step's checkpoint is the final one, with its metrics
+          save(step)
+          if preemption.requested():
+            save(step, force=True)
+            ckpt.close()
+            raise Preempted(f"SFT stopped by {preemption.received or 'another process'} after "
+                            f"step {step}/{total}; checkpoint saved in {ckpt.directory}: rerun "
+                            "the same command to resume")
+  final = {"sft/eval_loss": eval_loss(params, rest), "sft/train_loss": float(loss)}
   logging.info("SFT done: eval loss %.4f -> %.4f", metrics["sft/eval_loss_start"],
-               metrics["sft/eval_loss"])
-  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=1)
-  ckpt.save(total, {"params": params, "rest": rest}, {"step": total, **metrics}, force=True)
+               final["sft/eval_loss"])
+  save(total, force=True, **final)
   ckpt.close()
-  return metrics
+  return {**metrics, **final, "sft/wall_s": wall_s_before + time.perf_counter() - t_leg}

@@ -115,7 +115,7 @@ class Trainer:
     self.tools = ToolUse(c, self.tokenizer) if c.tools.enabled else None
     # Tool environments' tasks (under their chat prompt), or config.data's entries.
     self.train_entries, self.heldout_entries = (
-        self.tools.entries() if self.tools is not None else load_entries(c))
+        self.tools.entries() if self.tools is not None else load_entries(c, self.tokenizer))
     self.train_prompts = self._encode(self.train_entries)
     self.heldout_prompts = self._encode(self.heldout_entries)
     # Which prompts each step draws (deterministic in seed and step; config.data.curriculum).
@@ -256,10 +256,11 @@ class Trainer:
     if step is None:
       raise FileNotFoundError(f"config.init_checkpoint={directory!r} holds no checkpoint")
     try:
-      restored, _ = init.restore(step, {"params": self.state.params, "rest": self.rest})
+      restored, _ = init.restore(step, {"params": self.state.params, "rest": self.rest},
+                                 partial=True)
       self.rest = jax.device_put(restored["rest"], self.placement.replicated)
     except ValueError:  # a checkpoint of parameters only (an older SFT stage)
-      restored, _ = init.restore(step, {"params": self.state.params})
+      restored, _ = init.restore(step, {"params": self.state.params}, partial=True)
       logging.warning("%s step %d holds parameters only: the MoE router biases start from "
                       "their initial values", directory, step)
     self.state = self._train_state(restored["params"])

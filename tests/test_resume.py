@@ -8,6 +8,7 @@ local fake of GCS, no network)."""
 import json
 import os
 import signal
+import time
 
 import jax
 import ml_collections
@@ -103,3 +104,80 @@ def test_guard_catches_one_signal_and_lets_the_second_through():
     assert guard.requested() and guard.received == "SIGINT"
     with pytest.raises(KeyboardInterrupt):
       os.kill(os.getpid(), signal.SIGINT)
+
+
+def preempt_at_boundary(monkeypatch, boundary):
+  """SIGTERM to this process just before the loop's `boundary`-th (1-based) step-boundary
+  check: the real handler sets the flag that the check then reads."""
+  calls = []
+  requested = checkpoint.PreemptionGuard.requested
+
+  def signal_then_check(guard):
+    calls.append(1)
+    if len(calls) == boundary:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return requested(guard)
+  monkeypatch.setattr(checkpoint.PreemptionGuard, "requested", signal_then_check)
+
+
+def saved_params(directory):
+  """{"params", "rest"} of the latest checkpoint in `directory`, as numpy."""
+  import orbax.checkpoint as ocp
+  ckpt = checkpoint.Checkpointer(directory)
+  step = ckpt.latest_step()
+  state = ckpt.manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore()))["state"]
+  ckpt.close()
+  return step, jax.tree.map(np.asarray, {"params": state["params"], "rest": state["rest"]})
+
+
+def test_sft_preempted_resumes_to_the_uninterrupted_parameters(tmp_path, monkeypatch):
+  """SFT (8 steps, checkpoint_every=100) stopped by SIGTERM after step 3 saves step 3 (no
+  final metrics in its record: not done) and raises Preempted; the rerun restores parameters,
+  AdamW state and step, skips the data it already saw, and its final checkpoint (step 8) holds
+  the uninterrupted run's parameters; its wall time adds both legs."""
+  from rl import sft
+  straight = sft.run(tiny_config(), str(tmp_path / "straight"))
+  preempt_at_boundary(monkeypatch, 3)
+  with pytest.raises(checkpoint.Preempted, match=r"after step 3/8"):
+    sft.run(tiny_config(), str(tmp_path / "resumed"))
+  monkeypatch.undo()
+  ckpt = checkpoint.Checkpointer(str(tmp_path / "resumed" / "checkpoints"))
+  assert ckpt.latest_step() == 3
+  first_leg = ckpt.record(3)
+  assert "sft/eval_loss" not in first_leg
+  ckpt.close()
+  resumed = sft.run(tiny_config(), str(tmp_path / "resumed"))
+  want_step, want = saved_params(str(tmp_path / "straight" / "checkpoints"))
+  got_step, got = saved_params(str(tmp_path / "resumed" / "checkpoints"))
+  assert want_step == got_step == 8
+  jax.tree.map(np.testing.assert_array_equal, got, want)
+  assert resumed["sft/eval_loss"] == straight["sft/eval_loss"]
+  assert resumed["sft/wall_s"] > first_leg["sft/wall_s"] > 0
+
+
+def test_pipeline_resumes_a_preempted_sft_stage(tmp_path, monkeypatch):
+  """The SFT-then-RL pipeline stopped during SFT: Preempted comes out, nothing of RL or the
+  results exists, and the SFT checkpoint is not taken for a finished stage; the rerun
+  finishes SFT (final checkpoint at step 8), runs RL from it, and results.json's wall_s counts
+  the first leg too."""
+  from rl import pipeline
+  config = tiny_config(job="sft_rl", **{"train.steps": 1})
+  preempt_at_boundary(monkeypatch, 2)
+  with pytest.raises(checkpoint.Preempted):
+    pipeline.run_sft_then_rl(config, str(tmp_path))
+  monkeypatch.undo()
+  assert not (tmp_path / "rl").exists() and not (tmp_path / "results.json").exists()
+  ckpt = checkpoint.Checkpointer(str(tmp_path / "sft" / "checkpoints"))
+  first_leg_s = ckpt.record(ckpt.latest_step())["sft/wall_s"]
+  assert ckpt.latest_step() == 2
+  ckpt.close()
+  t0 = time.perf_counter()
+  results = pipeline.run_sft_then_rl(config, str(tmp_path))
+  second_leg_s = time.perf_counter() - t0
+  assert saved_params(str(tmp_path / "sft" / "checkpoints"))[0] == 8
+  assert [r["step"] for r in read_metrics(str(tmp_path / "rl"))] == [1]
+  assert json.loads((tmp_path / "results.json").read_text()) == results
+  # More than the second leg alone (the first one, model build and compile included, lasted
+  # seconds), at most both legs.
+  assert second_leg_s < results["wall_s"] <= first_leg_s + second_leg_s

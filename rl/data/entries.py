@@ -6,13 +6,20 @@ from __future__ import annotations
 import ml_collections
 from absl import logging
 
+from configs.common import InputError
 from rl.data import sources, templates
 from rl.rewards import manager, puzzles
 
+# Prompts over the context logged one by one; the rest only appear in the count.
+MAX_LOGGED_LONG_PROMPTS = 10
 
-def load_entries(c: ml_collections.ConfigDict) -> tuple[list[dict], list[dict]]:
+
+def load_entries(c: ml_collections.ConfigDict,
+                 tokenizer=None) -> tuple[list[dict], list[dict]]:
   """(train, held-out) entries: generated puzzles (held-out from another seed, with any
-  question also in the training set removed) or prompt records from files."""
+  question also in the training set removed) or prompt records from files. Given the run's
+  tokenizer, every prompt must leave the response its room in the model's context (see
+  `fit_context`)."""
   if c.data.source == "files":
     train, stats = sources.load_records(c.data.train_files.split(","),
                                         skip_bad=c.data.skip_bad_records)
@@ -22,11 +29,19 @@ def load_entries(c: ml_collections.ConfigDict) -> tuple[list[dict], list[dict]]:
                  stats.loaded, stats.skipped, heldout_stats.loaded, heldout_stats.skipped)
     for e in train + heldout:
       manager.kind_of(e)  # an ungradable record fails here, not mid-run
+    train_where, heldout_where = stats.locations, heldout_stats.locations
   else:
     train = puzzles.make(c.data.task, size=c.data.train_size, seed=c.seed,
                          difficulty=c.data.difficulty)
     heldout = puzzles.make(c.data.task, size=c.data.heldout_size, seed=c.data.heldout_seed,
                            difficulty=c.data.difficulty)
+    train_where, heldout_where = ([f"config.data.task={c.data.task!r} {kind} problem {i}"
+                                   for i in range(len(entries))]
+                                  for kind, entries in (("training", train),
+                                                        ("held-out", heldout)))
+  if tokenizer is not None:
+    train = fit_context(train, train_where, tokenizer, c)
+    heldout = fit_context(heldout, heldout_where, tokenizer, c)
   train_prompts = {prompt_of(e) for e in train}
   heldout = [e for e in heldout if prompt_of(e) not in train_prompts]
   if not train or not heldout:
@@ -43,3 +58,31 @@ def prompt_of(entry: dict) -> str:
 def encode_prompts(entries, tokenizer, template: str) -> list[list[int]]:
   """Prompt ids of entries under a template of rl/data/templates.py."""
   return [templates.encode({"prompt": prompt_of(e)}, template, tokenizer) for e in entries]
+
+
+def fit_context(entries: list[dict], where: list[str], tokenizer,
+                c: ml_collections.ConfigDict) -> list[dict]:
+  """The entries whose prompt (under config.data.prompt_template) has at most
+  config.model.max_seq_len - config.rollout.max_new_tokens tokens. A longer one is an
+  InputError naming its file and line (`where`), or with config.data.skip_bad_records it is
+  skipped, counted and logged."""
+  limit = c.model.max_seq_len - c.rollout.max_new_tokens
+  kept, skipped = [], 0
+  for entry, place in zip(entries, where, strict=True):
+    length = len(templates.encode({"prompt": prompt_of(entry)}, c.data.prompt_template,
+                                  tokenizer))
+    if length <= limit:
+      kept.append(entry)
+      continue
+    message = (f"{place}: prompt of {length} tokens, more than the {limit} the model's context "
+               f"leaves (config.model.max_seq_len={c.model.max_seq_len} - "
+               f"config.rollout.max_new_tokens={c.rollout.max_new_tokens})")
+    if not c.data.skip_bad_records:
+      raise InputError(message)
+    skipped += 1
+    if skipped <= MAX_LOGGED_LONG_PROMPTS:
+      logging.warning("skipping %s", message)
+  if skipped:
+    logging.warning("skipped %d of %d prompts longer than the context allows (%d tokens)",
+                    skipped, len(entries), limit)
+  return kept

@@ -16,8 +16,10 @@ A field that holds None counts as absent. Every other field of the row is kept u
 alias fields too), because verifiers read dataset-specific fields (a puzzle's `numbers`, ...).
 
 Bad rows fail early: a line that is not JSON, a row that is not an object, a missing prompt or a
-field of the wrong type raises ValueError naming the file and the 1-based line (row, for parquet),
-unless `skip_bad=True`, which skips the row, counts it in `LoadStats` and logs it.
+field of the wrong type raises InputError (a ValueError) naming the file and the 1-based line
+(row, for parquet), unless `skip_bad=True`, which skips the row, counts it in `LoadStats` and
+logs it. A file that is not what its suffix says (e.g. a .parquet that is not parquet) fails
+naming the file.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 import grain
 from absl import logging
 
+from configs.common import InputError
 from rl.data import templates
 
 DOMAINS = ("math", "code", "logic", "general")
@@ -45,11 +48,13 @@ MAX_LOGGED_BAD_ROWS = 10
 
 @dataclasses.dataclass
 class LoadStats:
-  """What `load_records` read: rows kept and skipped, in total and per file."""
+  """What `load_records` read: rows kept and skipped, in total and per file, and where each
+kept record came from ("PATH:LINE" or "PATH row N", in the records' order)."""
   loaded: int = 0
   skipped: int = 0
   loaded_by_file: dict[str, int] = dataclasses.field(default_factory=dict)
   skipped_by_file: dict[str, int] = dataclasses.field(default_factory=dict)
+  locations: list[str] = dataclasses.field(default_factory=list)
 
 
 def _is_absent(row: Mapping[str, Any], key: str) -> bool:
@@ -130,9 +135,13 @@ def _read_jsonl(path: str) -> Iterator[tuple[int, Any]]:
 
 def _read_parquet(path: str) -> Iterator[tuple[int, Any]]:
   """(1-based row number, row dict), read one row group at a time to bound memory."""
-  import pyarrow.parquet as pq  # Imported here: only parquet inputs need pyarrow.
+  import pyarrow as pa  # Imported here: only parquet inputs need pyarrow.
+  import pyarrow.parquet as pq
   row_number = 0
-  parquet_file = pq.ParquetFile(path)
+  try:
+    parquet_file = pq.ParquetFile(path)
+  except (pa.ArrowException, OSError) as e:
+    raise InputError(f"{path}: not a readable parquet file ({e})") from None
   for group in range(parquet_file.num_row_groups):
     for row in parquet_file.read_row_group(group).to_pylist():
       row_number += 1
@@ -188,7 +197,7 @@ def _rows(path: str) -> tuple[Iterator[tuple[int, Any]], str, str]:
     return _read_jsonl(path), stem, "line"
   if suffix == ".parquet":
     return _read_parquet(path), stem, "row"
-  raise ValueError(f"{path}: unsupported prompt file type {suffix!r} (use .jsonl or .parquet)")
+  raise InputError(f"{path}: unsupported prompt file type {suffix!r} (use .jsonl or .parquet)")
 
 
 def load_records(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
@@ -196,7 +205,7 @@ def load_records(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
   """Reads and normalises every row of `paths`, in order.
 
   `paths`: file paths (.jsonl, .parquet), glob patterns, or `tfds:NAME/SPLIT`.
-  A malformed row raises ValueError("PATH:LINE: reason") (parquet/TFDS: "PATH row N: reason");
+  A malformed row raises InputError("PATH:LINE: reason") (parquet/TFDS: "PATH row N: reason");
   with `skip_bad` it is skipped, counted in the returned stats and logged.
   """
   records: list[dict[str, Any]] = []
@@ -210,10 +219,11 @@ def load_records(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
         if isinstance(row, ValueError):
           raise row
         records.append(normalize_record(row, default_source=default_source))
+        stats.locations.append(where)
         loaded += 1
       except ValueError as e:
         if not skip_bad:
-          raise ValueError(f"{where}: {e}") from None
+          raise InputError(f"{where}: {e}") from None
         skipped += 1
         if skipped <= MAX_LOGGED_BAD_ROWS:
           logging.warning("skipping bad prompt record %s: %s", where, e)
