@@ -5,6 +5,7 @@ do not log re-run steps twice and add up their wall time; the workdir's config.j
 resume with another model shape; a gs:// workdir reaches orbax and etils.epath untouched (a
 local fake of GCS, no network)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -61,11 +62,12 @@ def signal_during_step(trainer, at_step, signum=signal.SIGTERM):
 
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory):
-  """Three steps without interruption: final parameters and metrics rows."""
+  """Three steps without interruption: final parameters, metrics rows and the workdir (which
+  holds the step-3 checkpoint and config.json)."""
   workdir = str(tmp_path_factory.mktemp("straight"))
   trainer = Trainer(tiny_config(), workdir)
   trainer.run()
-  return params_of(trainer), read_metrics(workdir)
+  return params_of(trainer), read_metrics(workdir), workdir
 
 
 def test_sigterm_mid_step_saves_that_step_and_the_rerun_matches(straight_run, tmp_path):
@@ -74,7 +76,7 @@ def test_sigterm_mid_step_saves_that_step_and_the_rerun_matches(straight_run, tm
   step 2, logs each step once, and ends with the uninterrupted run's parameters and metrics.
   The handler is put back afterwards."""
   signum = signal.SIGTERM
-  want_params, want_rows = straight_run
+  want_params, want_rows, _ = straight_run
   workdir = str(tmp_path)
   before = signal.getsignal(signum)
   first = Trainer(tiny_config(), workdir)
@@ -106,9 +108,10 @@ def test_guard_catches_one_signal_and_lets_the_second_through():
       os.kill(os.getpid(), signal.SIGINT)
 
 
-def preempt_at_boundary(monkeypatch, boundary):
-  """SIGTERM to this process just before the loop's `boundary`-th (1-based) step-boundary
-  check: the real handler sets the flag that the check then reads."""
+@contextlib.contextmanager
+def preempt_at_boundary(boundary):
+  """While entered: SIGTERM to this process just before the loop's `boundary`-th (1-based)
+  step-boundary check; the real handler sets the flag that the check then reads."""
   calls = []
   requested = checkpoint.PreemptionGuard.requested
 
@@ -117,7 +120,9 @@ def preempt_at_boundary(monkeypatch, boundary):
     if len(calls) == boundary:
       os.kill(os.getpid(), signal.SIGTERM)
     return requested(guard)
-  monkeypatch.setattr(checkpoint.PreemptionGuard, "requested", signal_then_check)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(checkpoint.PreemptionGuard, "requested", signal_then_check)
+    yield
 
 
 def saved_params(directory):
@@ -131,17 +136,15 @@ def saved_params(directory):
   return step, jax.tree.map(np.asarray, {"params": state["params"], "rest": state["rest"]})
 
 
-def test_sft_preempted_resumes_to_the_uninterrupted_parameters(tmp_path, monkeypatch):
+def test_sft_preempted_resumes_to_the_uninterrupted_parameters(tmp_path):
   """SFT (8 steps, checkpoint_every=100) stopped by SIGTERM after step 3 saves step 3 (no
   final metrics in its record: not done) and raises Preempted; the rerun restores parameters,
   AdamW state and step, skips the data it already saw, and its final checkpoint (step 8) holds
   the uninterrupted run's parameters; its wall time adds both legs."""
   from rl import sft
   straight = sft.run(tiny_config(), str(tmp_path / "straight"))
-  preempt_at_boundary(monkeypatch, 3)
-  with pytest.raises(checkpoint.Preempted, match=r"after step 3/8"):
+  with preempt_at_boundary(3), pytest.raises(checkpoint.Preempted, match=r"after step 3/8"):
     sft.run(tiny_config(), str(tmp_path / "resumed"))
-  monkeypatch.undo()
   ckpt = checkpoint.Checkpointer(str(tmp_path / "resumed" / "checkpoints"))
   assert ckpt.latest_step() == 3
   first_leg = ckpt.record(3)
@@ -156,28 +159,186 @@ def test_sft_preempted_resumes_to_the_uninterrupted_parameters(tmp_path, monkeyp
   assert resumed["sft/wall_s"] > first_leg["sft/wall_s"] > 0
 
 
-def test_pipeline_resumes_a_preempted_sft_stage(tmp_path, monkeypatch):
-  """The SFT-then-RL pipeline stopped during SFT: Preempted comes out, nothing of RL or the
-  results exists, and the SFT checkpoint is not taken for a finished stage; the rerun
-  finishes SFT (final checkpoint at step 8), runs RL from it, and results.json's wall_s counts
-  the first leg too."""
+def tensorboard_restarts(workdir):
+  """Steps of the SessionLog START events in workdir/tb: TensorBoard hides every earlier event
+  at or after such a step (a restarted run's purge)."""
+  import glob
+  import struct
+
+  from tensorboardX.proto import event_pb2
+  starts = []
+  for path in sorted(glob.glob(os.path.join(workdir, "tb", "events.*"))):
+    data = open(path, "rb").read()
+    at = 0
+    while at < len(data):
+      (length,) = struct.unpack("Q", data[at:at + 8])
+      event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+      at += 12 + length + 4
+      if event.HasField("session_log") and event.session_log.status == event_pb2.SessionLog.START:
+        starts.append(event.step)
+  return starts
+
+
+def test_corrupt_latest_checkpoint_falls_back_and_rows_are_not_doubled(straight_run, tmp_path,
+                                                                       caplog):
+  """Three steps checkpointed every step (keep 2), then the step-3 checkpoint's array files
+  truncated: the rerun says so in the log, resumes from step 2, drops step 3's metrics row
+  before running it again (one row per step, and a TensorBoard purge from step 3), saves a good
+  step 3 over the bad one and ends with the uninterrupted run's parameters."""
+  import glob
+  want_params, want_rows, _ = straight_run
+  workdir = str(tmp_path)
+  Trainer(tiny_config(**{"train.checkpoint_every": 1}), workdir).run()
+  data_files = glob.glob(os.path.join(workdir, "checkpoints", "3", "state", "**", "d", "*"),
+                         recursive=True)
+  assert data_files
+  for path in data_files:
+    os.truncate(path, 10)
+  with caplog.at_level("WARNING"):
+    resumed = Trainer(tiny_config(**{"train.checkpoint_every": 1}), workdir)
+  assert resumed.start_step == 2
+  assert "checkpoint step 3" in caplog.text and "cannot be restored" in caplog.text
+  assert [r["step"] for r in read_metrics(workdir)] == [1, 2]
+  resumed.run()
+  assert [r["step"] for r in read_metrics(workdir)] == [1, 2, 3]
+  assert read_metrics(workdir)[-1]["loss"] == want_rows[-1]["loss"]
+  assert 3 in tensorboard_restarts(workdir)
+  jax.tree.map(np.testing.assert_array_equal, params_of(resumed), want_params)
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
+  assert ckpt.latest_step() == 3
+  saved, _ = ckpt.restore(3, resumed._checkpoint_state())  # the bad step was saved over
+  ckpt.close()
+  jax.tree.map(np.testing.assert_array_equal,
+               jax.tree.map(np.asarray, (saved["policy"].params, saved["rest"])), want_params)
+
+
+def test_resume_with_another_model_shape_is_refused_naming_the_fields(straight_run, caplog):
+  """The workdir's config.json is the resolved config; resuming it with another d_model and
+  layer count fails before anything is built, naming both fields with both values; a change
+  that keeps every parameter shape (rope_theta) is allowed and logged."""
+  _, _, workdir = straight_run
+  saved = json.loads(open(os.path.join(workdir, "config.json")).read())
+  assert saved["model"]["d_model"] == 64 and saved["train"]["steps"] == 3
+  with pytest.raises(common.InputError,
+                     match=r"config.model.d_model=64 there, 128 now; config.model.n_layers=2 "
+                           r"there, 3 now"):
+    Trainer(tiny_config(**{"model.d_model": 128, "model.n_layers": 3}), workdir)
+  with caplog.at_level("WARNING"):
+    checkpoint.save_run_config(workdir, tiny_config(**{"model.rope_theta": 500.0}),
+                               resuming=True)
+  assert "config.model.rope_theta=10000.0 there, 500.0 now" in caplog.text
+
+
+@pytest.fixture
+def fake_gcs(tmp_path, monkeypatch):
+  """gs:// served from a local directory, with no network: etils.epath's gs backend (orbax's
+  and ours) maps gs://bucket/x to <root>/bucket/x, tensorstore (orbax's array writer) gets a
+  file kvstore at the same place, and the bucket reports no hierarchical namespace. Orbax keeps
+  its GCS behaviour otherwise (a commit file instead of a rename). Returns the root."""
+  from etils.epath import backend as backend_lib
+  from etils.epath import gpath
+  from orbax.checkpoint._src.path import gcs_utils
+  root = tmp_path / "gcs"
+  root.mkdir()
+
+  def local(path):
+    text = os.fspath(path)
+    return str(root / text[len("gs://"):]) if text.startswith("gs://") else path
+
+  def remote(path):
+    text = os.fspath(path)
+    return "gs://" + os.path.relpath(text, root) if text.startswith(str(root)) else path
+
+  class LocalGcs(backend_lib._OsPathBackend):  # noqa: SLF001  (epath's own test hook, mock_epath, replaces every backend)
+    def open(self, path, mode):
+      return super().open(local(path), mode)
+
+    def exists(self, path):
+      return super().exists(local(path))
+
+    def isdir(self, path):
+      return super().isdir(local(path))
+
+    def listdir(self, path):
+      return super().listdir(local(path))
+
+    def glob(self, path):
+      return [remote(p) for p in super().glob(local(path))]
+
+    def walk(self, top, **kwargs):
+      for directory, dirs, files in super().walk(local(top), **kwargs):
+        yield remote(directory), dirs, files
+
+    def makedirs(self, path, **kwargs):
+      return super().makedirs(local(path), **kwargs)
+
+    def mkdir(self, path, **kwargs):
+      return super().mkdir(local(path), **kwargs)
+
+    def rmtree(self, path):
+      return super().rmtree(local(path))
+
+    def remove(self, path):
+      return super().remove(local(path))
+
+    def rename(self, path, dst):
+      return super().rename(local(path), local(dst))
+
+    def replace(self, path, dst):
+      return super().replace(local(path), local(dst))
+
+    def copy(self, path, dst, *, overwrite):
+      return super().copy(local(path), local(dst), overwrite=overwrite)
+
+    def stat(self, path):
+      return super().stat(local(path))
+
+  monkeypatch.setitem(gpath._PREFIX_TO_BACKEND, "gs", LocalGcs())  # noqa: SLF001
+  monkeypatch.setattr(gpath, "_is_tf_installed", lambda: False)
+  monkeypatch.setattr(gcs_utils, "get_kvstore_for_gcs",
+                      lambda path: {"driver": "file", "path": local(path)})
+  monkeypatch.setattr(gcs_utils, "is_hierarchical_namespace_enabled", lambda path: False)
+  monkeypatch.setattr(checkpoint, "_importable", lambda module: True)  # gcsfs, google-cloud
+  cwd = tmp_path / "cwd"
+  cwd.mkdir()
+  monkeypatch.chdir(cwd)
+  return root
+
+
+def test_preempted_pipeline_on_a_gs_workdir_resumes_from_there(fake_gcs):
+  """The SFT-then-RL pipeline with --workdir=gs://bucket/run, stopped by SIGTERM during SFT:
+  Preempted comes out, nothing of RL or the results exists, and the SFT checkpoint is not
+  taken for a finished stage. The rerun finishes SFT (final checkpoint at step 8), runs RL
+  from it, and results.json's wall_s counts the first leg too. Every file of the run (both
+  stages' orbax checkpoints, committed GCS-style; config.json; metrics.jsonl; TensorBoard
+  events; the held-out record; results.json; the learning curve) is under that path and
+  nothing under the working directory (no ./gs:/bucket/run); a third run finds it all there
+  (SFT done, RL done: the same results)."""
   from rl import pipeline
   config = tiny_config(job="sft_rl", **{"train.steps": 1})
-  preempt_at_boundary(monkeypatch, 2)
-  with pytest.raises(checkpoint.Preempted):
-    pipeline.run_sft_then_rl(config, str(tmp_path))
-  monkeypatch.undo()
-  assert not (tmp_path / "rl").exists() and not (tmp_path / "results.json").exists()
-  ckpt = checkpoint.Checkpointer(str(tmp_path / "sft" / "checkpoints"))
-  first_leg_s = ckpt.record(ckpt.latest_step())["sft/wall_s"]
+  run = fake_gcs / "bucket" / "run"
+  with preempt_at_boundary(2), pytest.raises(checkpoint.Preempted):
+    pipeline.run_sft_then_rl(config, "gs://bucket/run")
+  assert not (run / "rl").exists() and not (run / "results.json").exists()
+  ckpt = checkpoint.Checkpointer("gs://bucket/run/sft/checkpoints")
   assert ckpt.latest_step() == 2
+  first_leg_s = ckpt.record(2)["sft/wall_s"]
   ckpt.close()
+
   t0 = time.perf_counter()
-  results = pipeline.run_sft_then_rl(config, str(tmp_path))
+  results = pipeline.run_sft_then_rl(config, "gs://bucket/run")
   second_leg_s = time.perf_counter() - t0
-  assert saved_params(str(tmp_path / "sft" / "checkpoints"))[0] == 8
-  assert [r["step"] for r in read_metrics(str(tmp_path / "rl"))] == [1]
-  assert json.loads((tmp_path / "results.json").read_text()) == results
   # More than the second leg alone (the first one, model build and compile included, lasted
   # seconds), at most both legs.
   assert second_leg_s < results["wall_s"] <= first_leg_s + second_leg_s
+  for name in ("sft/checkpoints/8/commit_success.txt", "rl/checkpoints/1/commit_success.txt",
+               "sft/config.json", "rl/config.json", "rl/metrics.jsonl", "sft/heldout.json",
+               "results.json", "learning_curve.png"):
+    assert (run / name).is_file(), name
+  assert json.loads((run / "results.json").read_text()) == results
+  assert [r["step"] for r in read_metrics(str(run / "rl"))] == [1]
+  assert tensorboard_restarts(str(run / "rl")) == [1]
+  assert not os.listdir(".")
+  again = pipeline.run_sft_then_rl(config, "gs://bucket/run")
+  assert again["rl_heldout_acc"] == results["rl_heldout_acc"]
+  assert [r["step"] for r in read_metrics(str(run / "rl"))] == [1]
