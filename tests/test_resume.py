@@ -72,7 +72,7 @@ def straight_run(tmp_path_factory):
 
 def test_sigterm_mid_step_saves_that_step_and_the_rerun_matches(straight_run, tmp_path):
   """A SIGTERM during step 2 of 3 lets step 2 finish, saves a checkpoint of it
-  (checkpoint_every=100: no other save would happen) and raises Preempted; the rerun starts at
+  (checkpoint_every=100: only the signal saves step 2) and raises Preempted; the rerun starts at
   step 2, logs each step once, and ends with the uninterrupted run's parameters and metrics.
   The handler is put back afterwards."""
   signum = signal.SIGTERM
@@ -342,3 +342,82 @@ def test_preempted_pipeline_on_a_gs_workdir_resumes_from_there(fake_gcs):
   again = pipeline.run_sft_then_rl(config, "gs://bucket/run")
   assert again["rl_heldout_acc"] == results["rl_heldout_acc"]
   assert [r["step"] for r in read_metrics(str(run / "rl"))] == [1]
+
+
+# ------------------------------------------------------------------ launch/train.py + SIGTERM
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def launch(config, workdir, log_path):
+  """launch/train.py on `config` (written to a config file beside the workdir), one device,
+  its log (stderr) in `log_path`."""
+  import subprocess
+  import sys
+  config_file = os.path.join(os.path.dirname(workdir), "tiny_config.py")
+  with open(config_file, "w") as f:
+    f.write(f"import ml_collections\n\ndef get_config():\n"
+            f"  return ml_collections.ConfigDict({config.to_dict()!r}).lock()\n")
+  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  return subprocess.Popen([sys.executable, os.path.join(ROOT, "launch", "train.py"),
+                           f"--config={config_file}", f"--workdir={workdir}"],
+                          stdout=subprocess.DEVNULL, stderr=open(log_path, "w"), env=env)
+
+
+def sigterm_when(proc, ready, timeout=600):
+  """SIGTERM to `proc` as soon as `ready()` holds (polled; no fixed sleep decides the step)."""
+  deadline = time.time() + timeout
+  while not ready():
+    assert proc.poll() is None, "the run ended before the signal"
+    assert time.time() < deadline, "timed out waiting for the run"
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  return proc.wait(timeout=timeout)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_rl_launcher_saves_exits_0_and_the_rerun_matches(tmp_path):
+  """launch/train.py (RL, 4 steps, checkpoint_every=100: orbax saves only the first step by
+  itself) gets SIGTERM once step 1's metrics row is written: it exits 0, its latest checkpoint is the step it reached (the last row's), the
+  log says why; the same command then continues from the next step, writes each step once and
+  ends with the uninterrupted run's final metrics."""
+  config = tiny_config(**{"train.steps": 4})
+  straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+  assert launch(config, straight, tmp_path / "straight.log").wait(timeout=600) == 0
+  metrics = os.path.join(killed, "metrics.jsonl")
+  proc = launch(config, killed, tmp_path / "first.log")
+  assert sigterm_when(proc, lambda: os.path.exists(metrics) and read_metrics(killed)) == 0
+  reached = read_metrics(killed)[-1]["step"]
+  assert reached < 4
+  assert checkpoint.Checkpointer(os.path.join(killed, "checkpoints")).latest_step() == reached
+  log = (tmp_path / "first.log").read_text()
+  assert "SIGTERM received" in log and f"after step {reached}/4" in log
+  assert launch(config, killed, tmp_path / "second.log").wait(timeout=600) == 0
+  assert f"at step {reached}" in (tmp_path / "second.log").read_text()
+  rows = read_metrics(killed)
+  assert [r["step"] for r in rows] == [1, 2, 3, 4]
+  for got, want in zip(rows, read_metrics(straight), strict=True):
+    assert got["reward"] == want["reward"] and got["loss"] == want["loss"], (got, want)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_sft_launcher_saves_exits_0_and_the_rerun_matches(tmp_path):
+  """launch/train.py (SFT, 8 steps, logging every step, checkpoint_every=100) gets SIGTERM once
+  it logs step 2: it exits 0 with its latest checkpoint at the last step it logged; the rerun
+  resumes there and its final parameters equal the uninterrupted run's."""
+  import re
+  config = tiny_config(job="sft", **{"sft.log_every": 1})
+  straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+  assert launch(config, straight, tmp_path / "straight.log").wait(timeout=600) == 0
+  first_log = tmp_path / "first.log"
+  proc = launch(config, killed, first_log)
+  assert sigterm_when(proc, lambda: "sft step 2/8" in first_log.read_text()) == 0
+  logged = [int(n) for n in re.findall(r"sft step (\d+)/8", first_log.read_text())]
+  assert checkpoint.Checkpointer(os.path.join(killed, "checkpoints")).latest_step() == logged[-1]
+  assert logged[-1] < 8 and "SIGTERM received" in first_log.read_text()
+  assert launch(config, killed, tmp_path / "second.log").wait(timeout=600) == 0
+  assert f"at step {logged[-1]}" in (tmp_path / "second.log").read_text()
+  want_step, want = saved_params(os.path.join(straight, "checkpoints"))
+  got_step, got = saved_params(os.path.join(killed, "checkpoints"))
+  assert want_step == got_step == 8
+  jax.tree.map(np.testing.assert_array_equal, got, want)
