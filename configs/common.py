@@ -372,7 +372,8 @@ def _check_hf_dir(c: ml_collections.ConfigDict) -> None:
     if cfg.attention == "gqa":
       cfg = cfg.replace(head_dim=cfg.gqa_head_dim, n_kv_heads=cfg.kv_heads)
     return cfg.to_dict()
-  theirs = explicit(hf.config_from_hf(hf.read_hf_config(c.init_hf_dir)))
+  theirs = explicit(hf.config_from_hf(hf.read_hf_config(c.init_hf_dir),
+                                      source=os.path.join(c.init_hf_dir, "config.json")))
   ours = explicit(model_config(c))
   for field, value in ours.items():
     if field not in _HF_FREE_FIELDS and theirs[field] != value:

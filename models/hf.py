@@ -7,6 +7,12 @@ its target sharding before the next is read, so host memory stays near one param
 layer's experts: one stacked expert tensor). `save_pretrained(model, path)` writes the same
 format back, which transformers (and so vLLM / SGLang) load.
 
+A broken directory fails with a CheckpointError naming the culprit: a config.json field that is
+missing, a shard that is missing or not a readable safetensors file (e.g. truncated), a tensor
+that is missing, of the wrong shape or holds NaN/inf. Tensors the model does not use (e.g.
+`lm_head.weight` under tie_word_embeddings, layers beyond num_hidden_layers) are listed in a
+warning.
+
 HF Linear weights are [out, in]; ours are [in, *out] with heads as their own axis, so every
 mapping below is a transpose plus a reshape.
 """
@@ -20,6 +26,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
@@ -58,8 +65,17 @@ def _rope(hf: dict) -> dict:
   return out
 
 
-def config_from_hf(hf: dict, *, dtype: str = "bfloat16") -> ModelConfig:
-  """Our ModelConfig for an HF config.json dict."""
+def config_from_hf(hf: dict, *, dtype: str = "bfloat16",
+                   source: str = "config.json") -> ModelConfig:
+  """Our ModelConfig for an HF config.json dict (read from `source`, named in errors)."""
+  try:
+    return _config_from_hf(hf, dtype)
+  except KeyError as e:
+    raise CheckpointError(f"{source}: field {e.args[0]!r} is missing (model_type "
+                          f"{hf.get('model_type')!r} needs it)") from None
+
+
+def _config_from_hf(hf: dict, dtype: str) -> ModelConfig:
   family = hf.get("model_type")
   if family not in FAMILIES:
     raise CheckpointError(f"model_type {family!r} is not supported; supported: {FAMILIES}")
@@ -282,16 +298,31 @@ class _Reader:
       if not shards:
         raise CheckpointError(f"no *.safetensors files in {path}")
       for shard in shards:
-        with safe_open(os.path.join(path, shard), "flax") as f:
+        with _open_shard(os.path.join(path, shard)) as f:
           for name in f.keys():
             self.where[name] = os.path.join(path, shard)
 
   def get(self, name: str) -> np.ndarray:
     if name not in self.where:
       raise CheckpointError(f"tensor {name!r} is missing from the checkpoint at {self.path}")
-    # The "flax" framework reads bf16 natively (no torch needed); numpy keeps it via ml_dtypes.
-    with safe_open(self.where[name], "flax") as f:
-      return np.asarray(f.get_tensor(name))
+    with _open_shard(self.where[name]) as f:
+      try:
+        tensor = np.asarray(f.get_tensor(name))
+      except Exception as e:  # noqa: BLE001  (safetensors' own error names no file)
+        raise CheckpointError(f"{self.where[name]}: tensor {name!r} cannot be read ({e})") from None
+    if not np.isfinite(tensor).all():
+      raise CheckpointError(f"{self.where[name]}: tensor {name!r} holds NaN or inf values")
+    return tensor
+
+
+def _open_shard(file: str):
+  """safe_open of one shard; a file that is not a complete safetensors file (e.g. truncated)
+  is a CheckpointError naming it. The "flax" framework reads bf16 natively (no torch needed);
+  numpy keeps it via ml_dtypes."""
+  try:
+    return safe_open(file, "flax")
+  except Exception as e:  # noqa: BLE001  (safetensors' own error names no file)
+    raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from None
 
 
 def read_hf_config(path: str) -> dict:
@@ -305,7 +336,8 @@ def read_hf_config(path: str) -> dict:
 def load_pretrained(path: str, dtype: str = "bfloat16", mesh=None, rules=None,
                     **config_overrides) -> Transformer:
   """Builds our model from a local HF checkpoint directory (see module docstring)."""
-  cfg = config_from_hf(read_hf_config(path), dtype=dtype)
+  cfg = config_from_hf(read_hf_config(path), dtype=dtype,
+                       source=os.path.join(path, "config.json"))
   if config_overrides:
     cfg = cfg.replace(**config_overrides)
   reader = _Reader(path)
@@ -316,11 +348,13 @@ def load_pretrained(path: str, dtype: str = "bfloat16", mesh=None, rules=None,
     shardings = dict(sharding_lib.state_shardings(
         state, mesh, rules or sharding_lib.DEFAULT_RULES).flat_state())
   mapping = param_mapping(cfg)
+  used: set[str] = set()
   for path_key, var in state.flat_state():
     key = tuple(path_key)
     if key not in mapping:
       raise CheckpointError(f"no HF tensor maps to parameter {'/'.join(map(str, key))}")
     names, to_ours, _ = mapping[key]
+    used.update(names)
     value = to_ours(*[reader.get(n) for n in names])
     expected = var.get_value().shape
     if tuple(value.shape) != tuple(expected):
@@ -333,6 +367,11 @@ def load_pretrained(path: str, dtype: str = "bfloat16", mesh=None, rules=None,
       array = sharding_lib.put_global(np.asarray(value).astype(var.get_value().dtype),
                                       shardings[path_key])
     var.set_value(array)
+  unused = sorted(set(reader.where) - used)
+  if unused:
+    logging.warning("%s: %d tensor(s) in the checkpoint are not used by the model its "
+                    "config.json describes (dropped): %s", path, len(unused),
+                    ", ".join(unused[:20]) + (" ..." if len(unused) > 20 else ""))
   return nnx.merge(graphdef, state)
 
 

@@ -201,3 +201,48 @@ def test_broken_directories_give_clear_errors(ckpt_root, tmp_path):
     hf.load_pretrained(edited("arch", model_type="gpt_neox"))
   with pytest.raises(hf.CheckpointError, match=r"tensor .model\.layers\.2\..* is missing"):
     hf.load_pretrained(edited("layers", num_hidden_layers=3))
+
+
+def test_bad_files_and_tensors_are_named(ckpt_root, tmp_path, caplog):
+  """A config.json without a field, a truncated safetensors file and a tensor holding NaN each
+  give a CheckpointError naming the field / file / tensor (not a bare KeyError or a
+  safetensors error without a file name); tensors the config does not use (lm_head under
+  tie_word_embeddings, a layer beyond num_hidden_layers) are listed in a warning, not dropped
+  silently."""
+  from safetensors.numpy import load_file, save_file
+  src = hf_checkpoint("qwen2", ckpt_root)
+
+  def copy(name, **changes):
+    d = tmp_path / name
+    shutil.copytree(src, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(changes)
+    for key in [k for k, v in changes.items() if v is None]:
+      del cfg[key]
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+  missing = copy("missing", intermediate_size=None)
+  with pytest.raises(hf.CheckpointError,
+                     match=rf"{missing}/config.json: field 'intermediate_size' is missing"):
+    hf.load_pretrained(str(missing))
+
+  truncated = copy("truncated")
+  shard = truncated / "model.safetensors"
+  os.truncate(shard, shard.stat().st_size // 2)
+  with pytest.raises(hf.CheckpointError, match=rf"{shard}: not a readable safetensors file"):
+    hf.load_pretrained(str(truncated))
+
+  nan = copy("nan")
+  tensors = load_file(nan / "model.safetensors")
+  tensors["model.layers.1.mlp.up_proj.weight"][3, 5] = np.nan
+  save_file(tensors, nan / "model.safetensors", metadata={"format": "pt"})
+  with pytest.raises(hf.CheckpointError,
+                     match=r"tensor 'model.layers.1.mlp.up_proj.weight' holds NaN or inf"):
+    hf.load_pretrained(str(nan))
+
+  with caplog.at_level("WARNING"):
+    hf.load_pretrained(str(copy("unused", tie_word_embeddings=True, num_hidden_layers=1)))
+  assert "not used by the model" in caplog.text
+  assert "lm_head.weight" in caplog.text and "model.layers.1.mlp.up_proj.weight" in caplog.text
+  assert "model.layers.0." not in caplog.text
