@@ -31,6 +31,7 @@ from absl import app, flags, logging  # noqa: E402
 from flax import nnx  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from configs import common  # noqa: E402
 from launch import logs  # noqa: E402
 from models import hf  # noqa: E402
 from models.tokenizer import load_tokenizer  # noqa: E402
@@ -86,6 +87,8 @@ class EvalError(Exception):
 
 def check_flags() -> dict[str, int]:
   """Checks what is cheap to check before anything loads; returns {dataset: limit}."""
+  if _CONFIG.value is not None:
+    common.validate(_CONFIG.value)
   if bool(_HF_DIR.value) == bool(_CHECKPOINT.value):
     raise EvalError("give exactly one of --hf_dir or --config with --checkpoint")
   if _HF_DIR.value:
@@ -277,5 +280,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from configs.common import InputError
-  logs.run(main, bad_input=(EvalError, InputError, hf.CheckpointError))
+  logs.run(main, bad_input=(EvalError, common.InputError, hf.CheckpointError))

@@ -26,15 +26,18 @@ def setup() -> None:
 
 def one_line(error: BaseException) -> str:
   """The message of `error` on one line. ml_collections wraps an unknown field in
-  AttributeError(KeyError(text)), whose str() is a quoted repr: unwrap to the text."""
+  AttributeError(KeyError(text)), whose str() is a quoted repr (unwrapped to the text), and an
+  error raised by a config file's get_config() in a message holding its traceback (whose last
+  line is the error)."""
   while error.args and isinstance(error.args[0], BaseException):
     error = error.args[0]
-  text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
-  return " ".join(str(text).split())
+  text = str(error.args[0] if isinstance(error, KeyError) and error.args else error)
+  if "Error whilst parsing config file" in text:
+    text = text.strip().splitlines()[-1]
+  return " ".join(text.split())
 
 
 def fail(error: BaseException) -> None:
-  logging.error("%s", one_line(error))
   print(f"error: {one_line(error)}", file=sys.stderr)
   sys.exit(BAD_INPUT_STATUS)
 
@@ -44,8 +47,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
   missing file would otherwise surface as a traceback inside main)."""
   try:
     rest = flags.FLAGS(argv)
-    if "config" in flags.FLAGS:
-      flags.FLAGS["config"].value  # noqa: B018  (loads and overrides the config file)
+    if "config" in flags.FLAGS and flags.FLAGS["config"].value is not None:
+      flags.FLAGS["config"].value.keys()  # a file that failed to load raises here
     return rest
   except Exception as e:  # noqa: BLE001  (any flag or config-file error is the user's input)
     fail(e)

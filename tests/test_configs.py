@@ -66,6 +66,94 @@ def test_bad_values_name_the_field(field, value, message):
     common.validate(config)
 
 
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("optim.lr", NAN, r"config.optim.lr=nan: must be positive and finite"),
+    ("optim.lr", INF, r"config.optim.lr=inf: must be positive and finite"),
+    ("optim.lr", -1e-4, r"config.optim.lr=-0.0001: must be positive"),
+    ("optim.critic_lr", NAN, r"config.optim.critic_lr=nan"),
+    ("sft.lr", NAN, r"config.sft.lr=nan"),
+    ("rollout.temperature", NAN, r"config.rollout.temperature=nan: must be >= 0 and finite"),
+    ("rollout.eval_temperature", -1.0, r"config.rollout.eval_temperature=-1.0"),
+    ("rl.kl_coef", -0.01, r"config.rl.kl_coef=-0.01: must be >= 0"),
+    ("rl.kl_coef", NAN, r"config.rl.kl_coef=nan"),
+    ("rl.kl_coef_per_domain", {"math": -0.1},
+     r"config.rl.kl_coef_per_domain\['math'\]=-0.1: must be >= 0"),
+    ("optim.grad_clip", -1.0, r"config.optim.grad_clip=-1.0: must be positive"),
+    ("optim.grad_clip", NAN, r"config.optim.grad_clip=nan"),
+    ("optim.b1", 1.0, r"config.optim.b1=1.0: must be in \[0, 1\)"),
+    ("optim.b2", -0.1, r"config.optim.b2=-0.1: must be in \[0, 1\)"),
+    ("optim.b2", NAN, r"config.optim.b2=nan"),
+    ("optim.warmup_steps", -5, r"config.optim.warmup_steps=-5: must be >= 0"),
+    ("sft.warmup_steps", -1, r"config.sft.warmup_steps=-1: must be >= 0"),
+    ("train.keep_checkpoints", 0, r"config.train.keep_checkpoints=0: must be positive"),
+    ("train.keep_checkpoints", -1, r"config.train.keep_checkpoints=-1: must be positive"),
+    ("train.checkpoint_every", 0, r"config.train.checkpoint_every=0: must be positive"),
+    ("train.checkpoint_every", -2, r"config.train.checkpoint_every=-2: must be positive"),
+    ("sft.checkpoint_every", 0, r"config.sft.checkpoint_every=0: must be positive"),
+    ("rollout.max_new_tokens", 4096, r"config.rollout.max_new_tokens=4096: must be smaller "
+                                     r"than config.model.max_seq_len=256"),
+    ("sft.max_len", 1000, r"config.sft.max_len=1000: must be in \[0, "
+                          r"config.model.max_seq_len=256\]"),
+])
+def test_bad_numbers_name_the_field(field, value, message):
+  """Values that would train on NaN, diverge, never save or delete every checkpoint, or
+  overflow the model's context are refused at start, naming the field (they passed
+  validation before: NaN compares False with every bound)."""
+  config = load(os.path.join(ROOT, "configs", "demo.py"))
+  section, _, key = field.rpartition(".")
+  with config.unlocked():
+    config[section][key] = value
+  with pytest.raises(common.InputError, match=message):
+    common.validate(config)
+
+
+def test_missing_tokenizer_and_hf_dir_are_named(tmp_path):
+  """check_paths (run before a job builds anything) names config.tokenizer or
+  config.init_hf_dir when the directory is not there."""
+  config = load(os.path.join(ROOT, "configs", "demo.py"))
+  common.check_paths(config)
+  config.tokenizer = str(tmp_path / "no_tokenizer")
+  with pytest.raises(common.InputError, match=r"config.tokenizer='.*no_tokenizer': no such"):
+    common.check_paths(config)
+  config.tokenizer = "byte"
+  config.init_hf_dir = str(tmp_path)
+  with pytest.raises(common.InputError, match=r"config.init_hf_dir='.*': no config.json"):
+    common.check_paths(config)
+
+
+def _one_line_error(cmd):
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                       env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+  return out.returncode, out.stderr.strip().splitlines()
+
+
+@pytest.mark.parametrize("script", ["train.py", "eval.py"])
+def test_launchers_print_one_line_for_config_typos_and_missing_files(script, tmp_path):
+  """A typo in a --config field, a --config file that does not exist, and (train.py) a
+  tokenizer directory that does not exist: exit status 2 and one line `error: ...` naming the
+  culprit, no traceback, nothing built (no workdir)."""
+  launcher = [sys.executable, os.path.join(ROOT, "launch", script)]
+  demo = f"--config={os.path.join(ROOT, 'configs', 'demo.py')}"
+  workdir = tmp_path / "workdir"
+  extra = ([f"--workdir={workdir}"] if script == "train.py" else
+           [f"--checkpoint={tmp_path}", "--dataset=arithmetic"])
+  cases = [([demo, "--config.train.stpes=3"], r"'stpes' Did you mean \"steps\""),
+           ([f"--config={tmp_path / 'nope.py'}"], r"nope.py"),
+           ([demo, "--config.optim.lr=nan"], r"config.optim.lr=nan")]
+  if script == "train.py":
+    cases.append(([demo, f"--config.tokenizer={tmp_path / 'tok'}"], r"config.tokenizer="))
+  import re
+  for args, culprit in cases:
+    status, lines = _one_line_error(launcher + args + extra)
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert status == 2 and len(errors) == 1 and re.search(culprit, errors[0]), (args, lines)
+    assert not any("Traceback" in line for line in lines), lines
+  assert not workdir.exists()
+
+
 def test_launcher_reports_bad_config_and_typos():
   """launch/train.py exits non-zero naming the bad field, before building anything."""
   cmd = [sys.executable, os.path.join(ROOT, "launch", "train.py"),
