@@ -235,3 +235,53 @@ def test_loader_adds_template_text_and_ids():
   assert "text" not in records[0]
   with pytest.raises(ValueError, match="needs a tokenizer"):
     sources.make_prompt_loader(records, batch_size=2, seed=0, template="chat")
+
+
+# ----------------------------------------------------------------------------- Bad input
+
+def test_non_parquet_file_named_as_parquet_names_the_file(tmp_path):
+  """A .parquet file that is not parquet (here JSON lines) fails naming the file."""
+  path = write_jsonl(tmp_path / "prompts.parquet", [{"prompt": "a"}])
+  with pytest.raises(ValueError, match=rf"{path}: not a readable parquet file"):
+    sources.load_records(path)
+
+
+def files_config(tmp_path, rows, **data):
+  """A config reading `rows` (dicts) from train.jsonl, with one ordinary held-out prompt."""
+  from configs import common
+  c = common.base_config(preset="tiny_dense", algorithm="grpo")
+  c.data.update(source="files", train_files=str(write_jsonl(tmp_path / "train.jsonl", rows)),
+                heldout_files=str(write_jsonl(tmp_path / "heldout.jsonl",
+                                              [{"prompt": "1+1?", "answer": "2"}])), **data)
+  return c
+
+
+def test_prompts_longer_than_the_context_fail_naming_file_and_line(tmp_path):
+  """A prompt that leaves the response no room in the model's context (max_seq_len 256 - 16
+  new tokens) is an error naming its file and line; a 10 MB one fails the same way at once
+  (no attempt to allocate for it); one that fits exactly is kept."""
+  from rl.data import entries
+  tokenizer = ByteTokenizer()
+  c = files_config(tmp_path, [{"prompt": "x" * 239, "answer": "1"},  # + 1 template token
+                              {"prompt": "y" * 240, "answer": "1"}])
+  with pytest.raises(ValueError, match=rf"{tmp_path}/train.jsonl:2: prompt of 241 tokens, more "
+                                       r"than the 240 the model's context leaves"):
+    entries.load_entries(c, tokenizer)
+  c = files_config(tmp_path, [{"prompt": "ok", "answer": "1"},
+                              {"prompt": "z" * 10_000_000, "answer": "1"}])
+  with pytest.raises(ValueError, match=r"train.jsonl:2: prompt of 10000001 tokens"):
+    entries.load_entries(c, tokenizer)
+
+
+def test_prompts_longer_than_the_context_are_skipped_and_counted(tmp_path, caplog):
+  """With config.data.skip_bad_records the long prompts are dropped, counted and logged with
+  their location; the others are kept in order."""
+  from rl.data import entries
+  rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b" * 300, "answer": "1"},
+          {"prompt": "c", "answer": "1"}, {"prompt": "d" * 500, "answer": "1"}]
+  c = files_config(tmp_path, rows, skip_bad_records=True)
+  with caplog.at_level(logging.WARNING):
+    train, heldout = entries.load_entries(c, ByteTokenizer())
+  assert [e["prompt"] for e in train] == ["a", "c"] and len(heldout) == 1
+  assert "train.jsonl:2" in caplog.text and "train.jsonl:4" in caplog.text
+  assert "skipped 2 of 4 prompts longer than the context" in caplog.text
