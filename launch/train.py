@@ -9,11 +9,12 @@ unknown field is an error). The config is validated before anything is built: a 
 typo in a field, a missing config file or tokenizer directory, a bad prompt record or a broken
 HF checkpoint is reported on one line (`error: ...`, exit status 2). Rerunning the same command
 with the same workdir resumes from the latest checkpoint. The workdir may be local or remote
-(`gs://bucket/run`, through etils.epath). SIGTERM or SIGINT saves a checkpoint at the end of
-the step in progress and exits with status 0; the same command then resumes. `--dry_run` builds the mesh, model and optimiser
-abstractly, prints parameter counts and per-device memory (launch/dry_run.py) and exits. On
-several hosts every process runs this same command; they join one JAX runtime from the
-launcher's environment (rl/distributed.py) before any device is touched.
+(`gs://bucket/run`, through etils.epath). SIGTERM or SIGINT saves a checkpoint at the end of the
+step in progress and exits with status 0; the same command then resumes. `--dry_run` builds the
+mesh, model and optimiser abstractly, prints parameter counts and per-device memory
+(launch/dry_run.py) and exits. On several hosts every process runs this same command; they join
+one JAX runtime from the launcher's environment (rl/distributed.py) before any device is
+touched.
 """
 
 from __future__ import annotations

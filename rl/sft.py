@@ -9,10 +9,11 @@ latest one: the data order is a function of the seed and the step, so a resumed 
 the parameters an uninterrupted one ends with. SIGTERM / SIGINT save at the next step and raise
 Preempted (rl/checkpoint.py).
 
-Rows are `config.sft.max_len` tokens (0: the longest example, at most the model's
-max_seq_len); a longer example loses the end of its response (counted and logged). With `config.sft.pack` several examples share a row:
-each keeps positions from 0 and a segment id, so attention and the DSA indexer's top-k stay
-inside its own document, and the packed loss is the sum of the separate examples' losses.
+Rows are `config.sft.max_len` tokens (0: the longest example, at most the model's max_seq_len);
+a longer example loses the end of its response (counted and logged). With `config.sft.pack`
+several examples share a row: each keeps positions from 0 and a segment id, so attention and the
+DSA indexer's top-k stay inside its own document, and the packed loss is the sum of the separate
+examples' losses.
 """
 
 from __future__ import annotations

@@ -249,7 +249,8 @@ def fake_gcs(tmp_path, monkeypatch):
     text = os.fspath(path)
     return "gs://" + os.path.relpath(text, root) if text.startswith(str(root)) else path
 
-  class LocalGcs(backend_lib._OsPathBackend):  # noqa: SLF001  (epath's own test hook, mock_epath, replaces every backend)
+  # epath's own test hook (testing.mock_epath) subclasses this backend too.
+  class LocalGcs(backend_lib._OsPathBackend):  # noqa: SLF001
     def open(self, path, mode):
       return super().open(local(path), mode)
 
@@ -378,9 +379,10 @@ def sigterm_when(proc, ready, timeout=600):
 @pytest.mark.slow
 def test_sigterm_to_the_rl_launcher_saves_exits_0_and_the_rerun_matches(tmp_path):
   """launch/train.py (RL, 4 steps, checkpoint_every=100: orbax saves only the first step by
-  itself) gets SIGTERM once step 1's metrics row is written: it exits 0, its latest checkpoint is the step it reached (the last row's), the
-  log says why; the same command then continues from the next step, writes each step once and
-  ends with the uninterrupted run's final metrics."""
+  itself) gets SIGTERM once step 1's metrics row is written: it exits 0, its latest checkpoint
+  is the step it reached (the last row's), the log says why; the same command then continues
+  from the next step, writes each step once and ends with the uninterrupted run's final
+  metrics."""
   config = tiny_config(**{"train.steps": 4})
   straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
   assert launch(config, straight, tmp_path / "straight.log").wait(timeout=600) == 0
