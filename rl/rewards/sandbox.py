@@ -10,12 +10,22 @@ a `RunResult`. The isolation, in layers:
 * New user, PID, network, IPC, UTS and cgroup namespaces: no network at all (not even the
   host's loopback), no view of host processes, and no nested user namespaces.
 * A filesystem built from nothing: `/usr` bound read-only (with the `/bin`, `/lib` symlinks
-  of a merged-/usr system), fresh `/proc` and `/dev`, a size-capped private tmpfs at `/tmp`
-  that is the working directory (the program and `files=` are copied in through memfds, so
-  nothing touches the host disk), and the root remounted read-only. `/root`, `/work`, `/home`
-  and `/etc` do not exist inside.
-* An empty environment, a new session (no terminal to inject keystrokes into) and
+  of a merged-/usr system), a fresh `/proc`, a read-only `/dev` holding only null, zero, full,
+  random, urandom and tty, and two size-capped tmpfs, `/dev/shm` (shm_mb) and `/tmp`
+  (workdir_mb), the working directory (the program and `files=` are copied in through memfds,
+  so nothing touches the host disk). The root is remounted read-only: nothing else is
+  writable. `/root`, `/work`, `/home` and `/etc` do not exist inside.
+* A seccomp filter (rl/rewards/sandbox_seccomp.py) refusing keyrings, ptrace, bpf,
+  perf_event_open, userfaultfd, io_uring and sockets other than AF_UNIX.
+* An empty environment, a new session (no terminal to inject keystrokes into), a fresh empty
+  session keyring (sandboxes are started from one thread that joined its own), and
   --die-with-parent.
+* A cgroup per run (rl/rewards/sandbox_cgroup.py) bounding the sandbox as a whole: memory_mb
+  for all its processes together, the files they write to tmpfs included, and max_processes
+  tasks. A run in which the kernel OOM-kills a process ends at once, as "memory". Where
+  cgroups cannot be used (no write access to the memory and pids controllers: a non-root
+  caller, most containers), a one-time warning says so and only the rlimits below bound it:
+  then memory is bounded per process, up to memory_mb x max_processes in all.
 * rlimits (set by `prlimit` inside the namespaces, so the process count is per sandbox): CPU
   seconds, address space, file size, processes+threads, open files, no core dumps.
 * Wall-clock timeout and output cap enforced here: stdout/stderr are streamed through a
@@ -26,18 +36,22 @@ a `RunResult`. The isolation, in layers:
   the same effect.
 
 Overhead is a few milliseconds for bwrap plus ~10 ms of Python start-up per run. `run` is
-thread-safe; `code.py` calls it from a thread pool.
+thread-safe; `code.py` calls it from a thread pool. docs/security.md states the threat model
+and the test that proves each containment.
 
 Without bwrap, `run` refuses unless `allow_weak=True`: then the program runs with the same
-rlimits as the non-root user in a private host temp dir, with no namespaces (it can use the
-network and read world-readable files). A warning says so.
+rlimits as the non-root user in a private host temp dir, with no namespaces, seccomp filter
+or cgroup (it can use the network and read world-readable files). A warning says so.
 """
 
+import concurrent.futures
+import ctypes
 import dataclasses
 import functools
 import json
 import math
 import os
+import platform
 import pwd
 import selectors
 import shutil
@@ -47,7 +61,10 @@ import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+
+from rl.rewards import sandbox_cgroup
+from rl.rewards import sandbox_seccomp
 
 SANDBOX_USER = "seedrl-sandbox"
 FALLBACK_USER = "nobody"
@@ -59,6 +76,9 @@ STATUSES = ("ok", "timeout", "memory", "output_limit", "runtime_error", "killed"
 
 _READ_CHUNK = 1 << 16
 _KILL_GRACE_S = 5.0
+# How often a running sandbox's cgroup is checked for OOM kills.
+_OOM_POLL_S = 0.05
+_KEYCTL_JOIN_SESSION_KEYRING = 1
 # Markers of an allocation refused under RLIMIT_AS (Python, C++ and glibc wording).
 _MEMORY_MARKERS = (b"MemoryError", b"std::bad_alloc", b"Cannot allocate memory", b"out of memory")
 # Environment of the sandboxed program: nothing of the caller's leaks in.
@@ -78,7 +98,8 @@ class SandboxError(RuntimeError):
 class RunResult:
   """Outcome of one sandboxed run.
 
-  status: one of STATUSES.
+  status: one of STATUSES. "memory" is an allocation refused under RLIMIT_AS or a process of
+    the run killed by the kernel for going over the whole sandbox's memory limit.
   exit_code: the program's exit status; -N when it died of signal N (bwrap reports that as
     128+N, so a program that itself exits with 129..192 reads as a signal); None when the
     sandbox killed it (timeout, output_limit).
@@ -134,6 +155,46 @@ def sandbox_uid() -> int:
   return os.geteuid() if identity.uid is None else identity.uid
 
 
+def whole_sandbox_limits() -> bool:
+  """Whether memory_mb and max_processes bound each sandbox as a whole (through a cgroup)
+  here, rather than each of its processes (rlimits only)."""
+  return sandbox_cgroup.hierarchy() is not None
+
+
+@functools.cache
+def _warn_without_cgroups(reason: str) -> None:
+  warnings.warn(
+      f"sandbox: cgroups cannot be used here ({reason}), so memory_mb bounds each sandboxed "
+      "process (RLIMIT_AS) and max_processes their number (RLIMIT_NPROC): one sandbox can "
+      "use up to memory_mb x max_processes of memory. Run as root on a host with the memory "
+      "and pids cgroup controllers (docs/security.md).", RuntimeWarning, stacklevel=3)
+
+
+def _join_fresh_session_keyring() -> None:
+  """Gives the calling thread a new, empty session keyring (keyrings belong to threads)."""
+  keyctl = sandbox_seccomp.ARCHES.get(platform.machine(), {}).get("refused", {}).get("keyctl")
+  if keyctl is not None:  # Elsewhere run() refuses anyway (no seccomp filter).
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall(ctypes.c_long(keyctl), _KEYCTL_JOIN_SESSION_KEYRING, None)
+
+
+@functools.cache
+def _spawner() -> concurrent.futures.ThreadPoolExecutor:
+  """The one thread that starts every sandboxed process. It has its own empty session
+  keyring, which the processes it forks inherit instead of their caller's."""
+  return concurrent.futures.ThreadPoolExecutor(
+      max_workers=1, thread_name_prefix="seedrl-sandbox-spawner",
+      initializer=_join_fresh_session_keyring)
+
+
+@functools.cache
+def _seccomp_program() -> bytes:
+  try:
+    return sandbox_seccomp.filter_program()
+  except sandbox_seccomp.UnsupportedArchError as error:
+    raise SandboxUnavailableError(str(error)) from None
+
+
 def _prlimit_argv(*, cpu_s: int, memory_mb: int, max_file_mb: int, max_processes: int,
                   max_open_files: int) -> list[str]:
   # The hard CPU limit is one second above the soft one: SIGXCPU first, then SIGKILL for a
@@ -184,19 +245,22 @@ class _Collector:
   keeps whatever arrives on an extra fd (bwrap's JSON status)."""
 
   def __init__(self, proc: subprocess.Popen, stdin: bytes, extra_fd: int | None,
-               max_output_bytes: int):
+               max_output_bytes: int, extra: bytes = b""):
     self.proc = proc
     self.max_output_bytes = max_output_bytes
     self.stdin_fd = None if proc.stdin is None else proc.stdin.fileno()
     self.stdout_fd, self.stderr_fd = proc.stdout.fileno(), proc.stderr.fileno()
     self.chunks = {self.stdout_fd: [], self.stderr_fd: []}
     self.sizes = dict.fromkeys(self.chunks, 0)
-    self.extra = bytearray()
+    self.extra = bytearray(extra)
     self.extra_fd = extra_fd
     self.pending_stdin = memoryview(stdin)
 
-  def collect(self, deadline: float) -> str | None:
-    """Runs until every pipe closes (None) or a limit stops it ("timeout", "output_limit")."""
+  def collect(self, deadline: float, out_of_memory: Callable[[], bool] | None = None
+              ) -> str | None:
+    """Runs until every pipe closes (None) or a limit stops it ("timeout", "output_limit", or
+    "memory" when `out_of_memory`, polled every _OOM_POLL_S, says so)."""
+    next_poll = time.monotonic() + _OOM_POLL_S
     with selectors.DefaultSelector() as selector:
       for fd in self.chunks:
         selector.register(fd, selectors.EVENT_READ)
@@ -206,10 +270,16 @@ class _Collector:
         os.set_blocking(self.stdin_fd, False)
         selector.register(self.stdin_fd, selectors.EVENT_WRITE)
       while selector.get_map():
-        remaining = deadline - time.monotonic()
+        now = time.monotonic()
+        if out_of_memory is not None and now >= next_poll:
+          if out_of_memory():
+            return "memory"
+          next_poll = now + _OOM_POLL_S
+        remaining = deadline - now
         if remaining <= 0:
           return "timeout"
-        for key, _ in selector.select(remaining):
+        wait = remaining if out_of_memory is None else min(remaining, next_poll - now)
+        for key, _ in selector.select(wait):
           if key.fd == self.stdin_fd:
             self._feed_stdin(selector)
           elif self._read(selector, key.fd):
@@ -354,29 +424,33 @@ def _decode(data: bytes) -> str:
 def run(code: str, *, stdin: str | bytes = "", timeout_s: float = 5.0, memory_mb: int = 512,
         files: Mapping[str, str | bytes] | None = None, args: Sequence[str] = (),
         allow_weak: bool = False, max_output_bytes: int = 1 << 20, max_processes: int = 32,
-        max_file_mb: int = 16, workdir_mb: int = 64, max_open_files: int = 256,
-        python: str = PYTHON) -> RunResult:
+        max_file_mb: int = 16, workdir_mb: int = 64, shm_mb: int = 16,
+        max_open_files: int = 256, python: str = PYTHON) -> RunResult:
   """Runs Python source `code` in the sandbox and returns how it went.
 
   Args:
     code: the program, run as `python3 -B -s main.py *args` in the working directory /tmp.
     stdin: fed to the program's standard input (streamed, any size).
     timeout_s: wall-clock limit; the CPU rlimit is ceil(timeout_s) + 1 seconds.
-    memory_mb: address-space limit (RLIMIT_AS) of each process.
+    memory_mb: memory of the whole sandbox (its cgroup's limit: all processes, files in /tmp
+      and /dev/shm, kernel memory), and the address-space limit (RLIMIT_AS) of each process.
+      Without cgroups (see whole_sandbox_limits), only the latter.
     files: extra files written into the working directory first, {relative path: content}.
     args: command-line arguments for the program.
     allow_weak: without bwrap, run with rlimits only (no namespaces) instead of refusing.
     max_output_bytes: cap on each of stdout and stderr; beyond it the run is killed.
-    max_processes: RLIMIT_NPROC inside the sandbox (processes and threads, bwrap's init
-      included).
+    max_processes: processes and threads in the sandbox, bwrap's init included (its
+      cgroup's pids.max, and RLIMIT_NPROC).
     max_file_mb: largest file the program may write (RLIMIT_FSIZE).
     workdir_mb: size of the private tmpfs at /tmp (bounds the sum of all files written).
+    shm_mb: size of the tmpfs at /dev/shm (POSIX shared memory, semaphores).
     max_open_files: RLIMIT_NOFILE.
     python: interpreter inside the sandbox; it must live under /usr (the only host tree
       mapped in).
 
   Raises:
-    SandboxUnavailableError: no bwrap (and not allow_weak), no non-root user, or no python.
+    SandboxUnavailableError: no bwrap (and not allow_weak), no non-root user, no python, or
+      an architecture the seccomp filter does not know.
     SandboxError: bwrap failed to set the sandbox up.
   """
   files = dict(files or {})
@@ -405,29 +479,65 @@ def run(code: str, *, stdin: str | bytes = "", timeout_s: float = 5.0, memory_mb
                   "files.", RuntimeWarning, stacklevel=2)
     return _run_weak(files, program_argv, limits, identity, stdin_bytes, timeout_s,
                      max_output_bytes)
-  return _run_bwrap(bwrap, files, program_argv, limits, identity, stdin_bytes, timeout_s,
-                    max_output_bytes, workdir_mb)
+  seccomp = _seccomp_program()
+  where = sandbox_cgroup.hierarchy()
+  cgroup = None
+  if where is None:
+    _warn_without_cgroups(sandbox_cgroup.unavailable_reason())
+  else:
+    cgroup = sandbox_cgroup.RunCgroup(where, memory_bytes=memory_mb << 20,
+                                      max_pids=max_processes)
+  try:
+    return _run_bwrap(bwrap, files, program_argv, limits, identity, stdin_bytes, timeout_s,
+                      max_output_bytes, workdir_mb, shm_mb, seccomp, cgroup)
+  finally:
+    if cgroup is not None:
+      cgroup.close()
 
 
 def _popen(argv: list[str], identity: _Identity, stdin_bytes: bytes, **kwargs):
   # user=/group=/extra_groups= switch identity in C between fork and exec, unlike a
   # preexec_fn, which is unsafe in a threaded caller (code.py runs us from a thread pool).
+  # Started from the spawner thread, so that the child inherits its empty session keyring.
   switch = {} if identity.uid is None else dict(user=identity.uid, group=identity.gid,
                                                   extra_groups=[])
-  return subprocess.Popen(
-      argv, stdin=subprocess.PIPE if stdin_bytes else subprocess.DEVNULL,
+  return _spawner().submit(
+      subprocess.Popen, argv, stdin=subprocess.PIPE if stdin_bytes else subprocess.DEVNULL,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **switch,
-      **kwargs)
+      **kwargs).result()
+
+
+def _await_child_pid(status_fd: int, deadline: float) -> tuple[bytes, int | None]:
+  """Reads bwrap's JSON status until it names the sandbox's PID 1; returns what was read and
+  that pid (None if bwrap failed first, or at the deadline)."""
+  data = b""
+  with selectors.DefaultSelector() as selector:
+    selector.register(status_fd, selectors.EVENT_READ)
+    while (remaining := deadline - time.monotonic()) > 0:
+      if not selector.select(remaining):
+        continue
+      chunk = os.read(status_fd, _READ_CHUNK)
+      data += chunk
+      pids = [r["child-pid"] for r in _status_reports(data) if "child-pid" in r]
+      if pids or not chunk:
+        return data, (pids[0] if pids else None)
+  return data, None
 
 
 def _run_bwrap(bwrap: str, files: dict[str, str | bytes], program_argv: list[str],
                limits: list[str], identity: _Identity, stdin_bytes: bytes, timeout_s: float,
-               max_output_bytes: int, workdir_mb: int) -> RunResult:
+               max_output_bytes: int, workdir_mb: int, shm_mb: int, seccomp: bytes,
+               cgroup: sandbox_cgroup.RunCgroup | None) -> RunResult:
   file_fds = {name: _memfd(_as_bytes(content)) for name, content in files.items()}
+  seccomp_fd = _memfd(seccomp)
   status_read, status_write = os.pipe()
+  # bwrap waits on block_read before it runs the program: time to move its PID 1 into the
+  # run's cgroup, so that every process of the program is born there.
+  block_read, block_write = os.pipe()
   argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
           "--new-session", "--hostname", "sandbox", *_system_binds(), "--proc", "/proc",
-          "--dev", "/dev", "--size", str(workdir_mb << 20), "--tmpfs", WORKDIR]
+          "--dev", "/dev", "--remount-ro", "/dev", "--size", str(shm_mb << 20), "--tmpfs",
+          "/dev/shm", "--size", str(workdir_mb << 20), "--tmpfs", WORKDIR]
   directories = sorted({os.path.dirname(n) for n in files} - {""})
   for directory in directories:
     argv += ["--dir", f"{WORKDIR}/{directory}"]
@@ -436,19 +546,30 @@ def _run_bwrap(bwrap: str, files: dict[str, str | bytes], program_argv: list[str
   argv += ["--remount-ro", "/", "--chdir", WORKDIR, "--clearenv"]
   for key, value in _SANDBOX_ENV.items():
     argv += ["--setenv", key, value]
-  argv += ["--json-status-fd", str(status_write), "--", *limits, *program_argv]
+  argv += ["--seccomp", str(seccomp_fd), "--block-fd", str(block_read),
+           "--json-status-fd", str(status_write), "--", *limits, *program_argv]
   start = time.monotonic()
   try:
     proc = _popen(argv, identity, stdin_bytes, env={}, cwd="/",
-                  pass_fds=[status_write, *file_fds.values()])
+                  pass_fds=[status_write, seccomp_fd, block_read, *file_fds.values()])
+  except BaseException:
+    os.close(block_write)
+    os.close(status_read)
+    raise
   finally:
-    os.close(status_write)
-    for fd in file_fds.values():
+    for fd in (status_write, seccomp_fd, block_read, *file_fds.values()):
       os.close(fd)
-  collector = None
+  collector, status_so_far = None, b""
   try:
-    collector = _Collector(proc, stdin_bytes, status_read, max_output_bytes)
-    stopped_by = collector.collect(start + timeout_s)
+    status_so_far, child_pid = _await_child_pid(status_read, start + timeout_s)
+    if child_pid is not None:  # Else bwrap failed, or the time is up: it never runs the program.
+      if cgroup is not None:
+        cgroup.attach(child_pid)
+      os.close(block_write)
+      block_write = None
+    collector = _Collector(proc, stdin_bytes, status_read, max_output_bytes, status_so_far)
+    out_of_memory = None if cgroup is None else (lambda: cgroup.oom_kills() > 0)
+    stopped_by = collector.collect(start + timeout_s, out_of_memory)
     if stopped_by is None:
       try:
         proc.wait(timeout=max(0.0, start + timeout_s - time.monotonic()))
@@ -456,7 +577,9 @@ def _run_bwrap(bwrap: str, files: dict[str, str | bytes], program_argv: list[str
         stopped_by = "timeout"
   finally:
     if proc.returncode is None:
-      _kill_sandbox(proc, _status_reports(collector.extra) if collector else [])
+      _kill_sandbox(proc, _status_reports(collector.extra if collector else status_so_far))
+    if block_write is not None:
+      os.close(block_write)
     os.close(status_read)
     for stream in (proc.stdin, proc.stdout, proc.stderr):
       if stream is not None:
@@ -474,6 +597,8 @@ def _run_bwrap(bwrap: str, files: dict[str, str | bytes], program_argv: list[str
   exit_codes = [r["exit-code"] for r in reports if "exit-code" in r]
   returncode = exit_codes[-1] if exit_codes else proc.returncode
   status, exit_code = _classify(returncode, stderr)
+  if cgroup is not None and cgroup.oom_kills() > 0:
+    status = "memory"
   return RunResult(status, exit_code, _decode(stdout), _decode(stderr), wall_s)
 
 
