@@ -5,7 +5,13 @@
 #   2. creates the system user `seedrl-sandbox` (no home, no login shell) that sandboxed
 #      programs run as: the kernel ignores RLIMIT_NPROC for root, so fork bombs are only
 #      bounded for a non-root user;
-#   3. checks that bwrap can build a sandbox as that user (needs unprivileged user namespaces).
+#   3. checks that bwrap can build a sandbox as that user (needs unprivileged user namespaces)
+#      and that the machine is one the sandbox's seccomp filter knows (x86_64, aarch64);
+#   4. creates the parent cgroups (seedrl-sandbox) under which each run gets a cgroup bounding
+#      its memory and tasks as a whole, and reports when cgroups cannot be used here (in most
+#      containers): then the sandbox warns and bounds memory per process only
+#      (docs/security.md). rl/rewards/sandbox.py also does this itself when it first runs,
+#      since cgroups do not survive a reboot.
 # As a non-root user it only reports what is missing (and exits 0 so that launch/setup.sh
 # still completes); rl/rewards/sandbox.py then refuses to run code until it is fixed.
 set -euo pipefail
@@ -49,4 +55,12 @@ if ! setpriv --reuid="$SANDBOX_USER" --regid="$SANDBOX_USER" --clear-groups \
     "user.max_user_namespaces > 0; in a container, allow them in its seccomp profile)." >&2
   exit 1
 fi
-echo "setup_sandbox: ok (bwrap $(bwrap --version | cut -d' ' -f2), user $SANDBOX_USER)"
+case "$(uname -m)" in
+  x86_64|aarch64) ;;
+  *) echo "setup_sandbox: no seccomp filter for $(uname -m) (only x86_64, aarch64);" \
+       "rl/rewards/sandbox.py will refuse to run code." >&2
+     exit 1 ;;
+esac
+
+limits=$(cd "$(dirname "$0")/.." && /usr/bin/python3 rl/rewards/sandbox_cgroup.py)
+echo "setup_sandbox: ok (bwrap $(bwrap --version | cut -d' ' -f2), user $SANDBOX_USER, $limits)"

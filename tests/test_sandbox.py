@@ -6,15 +6,21 @@ every fork), so the checks look for that token in /proc and cannot be confused b
 that other tests or users run at the same time.
 """
 
+import ctypes
+import errno
 import os
 import socket
+import struct
 import threading
 import time
 import uuid
+import warnings
 
 import pytest
 
 from rl.rewards import sandbox
+from rl.rewards import sandbox_cgroup
+from rl.rewards import sandbox_seccomp
 
 needs_bwrap = pytest.mark.skipif(
     sandbox.bwrap_path() is None,
@@ -276,3 +282,152 @@ def test_rejects_unsafe_file_names():
   for name in ("/etc/x", "../x", "a/../../x", "main.py"):
     with pytest.raises(ValueError):
       sandbox.run("pass", files={name: "x"}, allow_weak=True)
+
+
+@needs_bwrap
+def test_ordinary_programs_still_work():
+  """The read-only /dev, the seccomp filter and the cgroup leave what programs under test use:
+  a multiprocessing pool (semaphores in /dev/shm, AF_UNIX sockets), subprocesses, /dev/null,
+  /dev/urandom."""
+  code = ("import multiprocessing, os, subprocess\n"
+          "def square(x):\n  return x * x\n"
+          "if __name__ == '__main__':\n"
+          "  with multiprocessing.Pool(2) as pool:\n    print(sum(pool.map(square, range(10))))\n"
+          "  print(subprocess.run(['echo', 'child'], capture_output=True, text=True).stdout,"
+          " end='')\n"
+          "  open('/dev/null', 'w').write('x')\n"
+          "  print(len(open('/dev/urandom', 'rb').read(8)))\n"
+          "  print([l for l in open('/proc/self/status') if l.startswith('Seccomp:')][0],"
+          " end='')\n")
+  result = sandbox.run(code, timeout_s=20.0)
+  assert result.status == "ok", result
+  assert result.stdout.split("\n")[:3] == ["285", "child", "8"]
+  assert result.stdout.split("\n")[3].split() == ["Seccomp:", "2"]  # A filter is installed.
+
+
+def _evaluate_seccomp(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
+  """Runs a classic BPF seccomp program on one syscall, as the kernel would (the opcodes a
+  seccomp filter of ours uses only)."""
+  data = struct.pack("=iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+  instructions = [struct.unpack_from("=HBBI", program, i) for i in range(0, len(program), 8)]
+  pc, accumulator = 0, 0
+  while True:
+    code, jump_true, jump_false, k = instructions[pc]
+    if code == 0x20:  # BPF_LD | BPF_W | BPF_ABS
+      accumulator, pc = struct.unpack_from("=I", data, k)[0], pc + 1
+    elif code in (0x15, 0x35):  # BPF_JMP | BPF_JEQ / BPF_JGE, BPF_K
+      taken = accumulator == k if code == 0x15 else accumulator >= k
+      pc += 1 + (jump_true if taken else jump_false)
+    elif code == 0x06:  # BPF_RET | BPF_K
+      return k
+    else:
+      raise AssertionError(f"unexpected opcode {code:#x}")
+
+
+_ALLOW, _KILL = 0x7FFF0000, 0x80000000
+_EPERM, _EAFNOSUPPORT = 0x50000 | errno.EPERM, 0x50000 | errno.EAFNOSUPPORT
+
+
+@pytest.mark.parametrize("machine, audit_arch, keyctl, read, socket_nr, foreign_arch", [
+    ("x86_64", 0xC000003E, 250, 0, 41, 0x40000003),  # i386 through int 0x80
+    ("aarch64", 0xC00000B7, 219, 63, 198, 0x40000028),  # 32-bit ARM
+])
+def test_seccomp_filter_decisions(machine, audit_arch, keyctl, read, socket_nr, foreign_arch):
+  """The filter of each supported machine, run through a BPF interpreter: every refused
+  syscall gets EPERM, socket() is allowed for AF_UNIX only, other syscalls pass, and a
+  foreign ABI (or an x32 syscall number) kills."""
+  program = sandbox_seccomp.filter_program(machine)
+  table = sandbox_seccomp.ARCHES[machine]
+  assert set(table["refused"]) == {
+      "keyctl", "add_key", "request_key", "ptrace", "process_vm_readv", "process_vm_writev",
+      "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
+      "io_uring_register"}
+  for nr in [keyctl, 425, *table["refused"].values()]:
+    assert _evaluate_seccomp(program, nr, audit_arch) == _EPERM, nr
+  assert _evaluate_seccomp(program, read, audit_arch) == _ALLOW
+  for nr in table["socket"]:
+    assert socket_nr in table["socket"]
+    assert _evaluate_seccomp(program, nr, audit_arch, arg0=socket.AF_UNIX) == _ALLOW
+    for family in (socket.AF_INET, socket.AF_INET6, 40, 16, 17):  # VSOCK, NETLINK, PACKET
+      assert _evaluate_seccomp(program, nr, audit_arch, arg0=family) == _EAFNOSUPPORT
+  assert _evaluate_seccomp(program, read, foreign_arch) == _KILL
+  if machine == "x86_64":
+    assert _evaluate_seccomp(program, 0x40000000 | keyctl, audit_arch) == _KILL
+
+
+def test_unknown_architecture_is_refused(monkeypatch):
+  """On a machine the filter has no syscall table for, run refuses with a clear error."""
+  with pytest.raises(sandbox_seccomp.UnsupportedArchError, match="riscv64"):
+    sandbox_seccomp.filter_program("riscv64")
+  monkeypatch.setattr(sandbox_seccomp.platform, "machine", lambda: "riscv64")
+  sandbox._seccomp_program.cache_clear()
+  monkeypatch.setattr(sandbox, "bwrap_path", lambda: "/usr/bin/bwrap")
+  try:
+    with pytest.raises(sandbox.SandboxUnavailableError, match="riscv64"):
+      sandbox.run("print(1)")
+  finally:
+    sandbox._seccomp_program.cache_clear()
+
+
+def test_sandboxes_are_started_with_a_fresh_session_keyring():
+  """The thread that starts sandboxes has its own session keyring, not the caller's."""
+  if sandbox_seccomp.platform.machine() not in sandbox_seccomp.ARCHES:
+    pytest.skip("no syscall table for this machine")
+  keyctl = sandbox_seccomp.arch_table()["refused"]["keyctl"]
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.syscall.restype = ctypes.c_long
+
+  def session_keyring() -> int:  # KEYCTL_GET_KEYRING_ID of KEY_SPEC_SESSION_KEYRING
+    return libc.syscall(ctypes.c_long(keyctl), 0, -3, 1)
+
+  ours = session_keyring()
+  assert ours > 0
+  assert sandbox._spawner().submit(session_keyring).result() not in (ours, -1)
+
+
+@needs_bwrap
+@pytest.mark.skipif(not sandbox.whole_sandbox_limits(), reason="cgroups not writable here")
+def test_run_cgroups_are_created_and_removed(monkeypatch):
+  """Each run gets a cgroup of its own with the run's limits, removed when the run ends,
+  timed out or OOM-killed."""
+  made = []
+
+  class Recording(sandbox_cgroup.RunCgroup):
+
+    def __init__(self, *args, **kwargs):
+      super().__init__(*args, **kwargs)
+      made.append(self)
+
+  monkeypatch.setattr(sandbox_cgroup, "RunCgroup", Recording)
+  code = ("import os, sys, time\n"
+          "if sys.argv[1] == 'hang':\n  while True: pass\n"
+          "if sys.argv[1] == 'oom':\n"
+          "  for _ in range(4):\n"
+          "    if os.fork() == 0:\n      x = b'x' * (100 << 20)\n      time.sleep(10)\n"
+          "      os._exit(0)\n"
+          "  time.sleep(10)\n")
+  assert sandbox.run(code, args=["exit"]).status == "ok"
+  assert sandbox.run(code, args=["hang"], timeout_s=1.0).status == "timeout"
+  result = sandbox.run(code, args=["oom"], memory_mb=200, timeout_s=20.0)
+  assert result.status == "memory" and result.wall_s < 10.0, result
+  assert len(made) == 3
+  for cgroup in made:
+    for directory in cgroup.dirs:
+      assert not os.path.exists(directory), directory
+
+
+@needs_bwrap
+def test_without_cgroups_warns_once_and_bounds_each_process(monkeypatch):
+  """Where cgroups cannot be used, runs still work, bounded per process (RLIMIT_AS), and a
+  warning naming the reason comes once."""
+  monkeypatch.setattr(sandbox_cgroup, "hierarchy", lambda: None)
+  monkeypatch.setattr(sandbox_cgroup, "unavailable_reason", lambda: "test: no cgroups")
+  sandbox._warn_without_cgroups.cache_clear()
+  try:
+    with pytest.warns(RuntimeWarning, match="test: no cgroups.*memory_mb x max_processes"):
+      assert sandbox.run("print(1)").stdout == "1\n"
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      assert sandbox.run("x = bytearray(1 << 30)", memory_mb=256).status == "memory"
+  finally:
+    sandbox._warn_without_cgroups.cache_clear()

@@ -200,3 +200,13 @@ class RunCgroup:
             except ProcessLookupError:
               pass
           time.sleep(0.01)
+
+
+if __name__ == "__main__":
+  # launch/setup_sandbox.sh: set the hierarchy up now and say what the sandbox will get.
+  found = hierarchy()
+  if found is None:
+    print(f"per-process limits only: {unavailable_reason()}")
+  else:
+    print(f"whole-sandbox limits through cgroup v{found.version} "
+          f"({', '.join(sorted({found.memory_parent, found.pids_parent}))})")
