@@ -431,3 +431,66 @@ def test_without_cgroups_warns_once_and_bounds_each_process(monkeypatch):
       assert sandbox.run("x = bytearray(1 << 30)", memory_mb=256).status == "memory"
   finally:
     sandbox._warn_without_cgroups.cache_clear()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_cgroup_limits_written_on_v1_and_v2_trees(tmp_path, monkeypatch, version):
+  """On a (fake) cgroup v2 tree the parent gets the memory and pids controllers and a run
+  memory.max, memory.swap.max=0, memory.oom.group=1 and pids.max; on a v1 pair of trees,
+  memory.limit_in_bytes, memory.memsw.limit_in_bytes and pids.max. OOM kills are read from
+  memory.events (v2) or memory.oom_control (v1)."""
+  if version == 2:
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    (tmp_path / "cgroup.subtree_control").write_text("")
+    mounts = [(str(tmp_path), "cgroup2", {"rw"})]
+  else:
+    for controller in ("memory", "pids"):
+      (tmp_path / controller).mkdir()
+    mounts = [(str(tmp_path / c), "cgroup", {"rw", c}) for c in ("memory", "pids")]
+  monkeypatch.setattr(sandbox_cgroup, "_mounts", lambda: mounts)
+  real_mkdir = os.mkdir
+
+  def mkdir_as_cgroupfs(path, *args, **kwargs):  # The kernel creates the interface files.
+    real_mkdir(path, *args, **kwargs)
+    if version == 2:
+      names = ["cgroup.subtree_control", "memory.swap.max"]
+    else:
+      names = ["memory.memsw.limit_in_bytes"] if "/memory/" in str(path) else []
+    for name in names:
+      open(os.path.join(path, name), "w").close()
+
+  monkeypatch.setattr(os, "mkdir", mkdir_as_cgroupfs)
+  where = sandbox_cgroup._find_hierarchy()
+  assert isinstance(where, sandbox_cgroup.Hierarchy) and where.version == version, where
+  assert sandbox_cgroup._find_hierarchy() == where  # Idempotent.
+  if version == 2:
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert (tmp_path / "seedrl-sandbox/cgroup.subtree_control").read_text() == "+memory +pids"
+  else:
+    assert where.memory_parent == str(tmp_path / "memory/seedrl-sandbox")
+    assert where.pids_parent == str(tmp_path / "pids/seedrl-sandbox")
+  cgroup = sandbox_cgroup.RunCgroup(where, memory_bytes=512 << 20, max_pids=32)
+
+  def read(directory, name):
+    with open(os.path.join(directory, name)) as f:
+      return f.read()
+
+  if version == 2:
+    assert [read(cgroup.memory_dir, n) for n in ("memory.max", "memory.swap.max",
+                                                  "memory.oom.group")] == [
+                                                      str(512 << 20), "0", "1"]
+    events = "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\noom_group_kill 1\n"
+    (tmp_path / cgroup.memory_dir / "memory.events").write_text(events)
+  else:
+    assert read(cgroup.memory_dir, "memory.limit_in_bytes") == str(512 << 20)
+    assert read(cgroup.memory_dir, "memory.memsw.limit_in_bytes") == str(512 << 20)
+    (tmp_path / cgroup.memory_dir / "memory.oom_control").write_text(
+        "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+  assert read(cgroup.pids_dir, "pids.max") == "32"
+  assert cgroup.oom_kills() == 2
+
+
+def test_no_cgroup_filesystem_is_a_reason(monkeypatch):
+  """Without a usable cgroup mount, the hierarchy is a reason string, not an error."""
+  monkeypatch.setattr(sandbox_cgroup, "_mounts", lambda: [])
+  assert "no cgroup filesystem" in sandbox_cgroup._find_hierarchy()

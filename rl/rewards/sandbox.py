@@ -485,8 +485,12 @@ def run(code: str, *, stdin: str | bytes = "", timeout_s: float = 5.0, memory_mb
   if where is None:
     _warn_without_cgroups(sandbox_cgroup.unavailable_reason())
   else:
-    cgroup = sandbox_cgroup.RunCgroup(where, memory_bytes=memory_mb << 20,
-                                      max_pids=max_processes)
+    try:
+      cgroup = sandbox_cgroup.RunCgroup(where, memory_bytes=memory_mb << 20,
+                                        max_pids=max_processes)
+    except OSError as error:
+      raise SandboxError(f"cannot create the run's cgroup under {where.memory_parent}: "
+                         f"{error}") from error
   try:
     return _run_bwrap(bwrap, files, program_argv, limits, identity, stdin_bytes, timeout_s,
                       max_output_bytes, workdir_mb, shm_mb, seccomp, cgroup)
