@@ -494,3 +494,21 @@ def test_no_cgroup_filesystem_is_a_reason(monkeypatch):
   """Without a usable cgroup mount, the hierarchy is a reason string, not an error."""
   monkeypatch.setattr(sandbox_cgroup, "_mounts", lambda: [])
   assert "no cgroup filesystem" in sandbox_cgroup._find_hierarchy()
+
+
+def test_parents_made_by_root_do_not_fool_a_non_root_caller(tmp_path, monkeypatch):
+  """When the parent cgroups exist (made by setup_sandbox.sh as root) but a run cgroup cannot
+  be created under them (a non-root caller), cgroups count as unavailable, with the reason."""
+  where = sandbox_cgroup.Hierarchy(2, str(tmp_path), str(tmp_path))
+  monkeypatch.setattr(sandbox_cgroup, "_find_hierarchy", lambda: where)
+
+  def refuse(path, *args, **kwargs):
+    raise PermissionError(13, "Permission denied", path)
+
+  monkeypatch.setattr(os, "mkdir", refuse)
+  sandbox_cgroup._cached.cache_clear()
+  try:
+    assert sandbox_cgroup.hierarchy() is None
+    assert "Permission denied" in sandbox_cgroup.unavailable_reason()
+  finally:
+    sandbox_cgroup._cached.cache_clear()

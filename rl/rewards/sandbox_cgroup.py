@@ -107,9 +107,22 @@ def _find_hierarchy() -> Hierarchy | str:
   return "; ".join(reasons)
 
 
+def _probe(where: Hierarchy) -> str | None:
+  """Why a run cgroup cannot be made under `where` (say the parents exist, made by root, but
+  we are not root), or None when it can."""
+  try:
+    RunCgroup(where, memory_bytes=1 << 30, max_pids=64).close()
+  except OSError as error:
+    return f"cannot create a cgroup under {where.memory_parent} ({error.strerror})"
+  return None
+
+
 @functools.cache
 def _cached() -> Hierarchy | str:
-  return _find_hierarchy()
+  found = _find_hierarchy()
+  if isinstance(found, Hierarchy):
+    return _probe(found) or found
+  return found
 
 
 def hierarchy() -> Hierarchy | None:
