@@ -381,7 +381,8 @@ def test_sandboxes_are_started_with_a_fresh_session_keyring():
     return libc.syscall(ctypes.c_long(keyctl), 0, -3, 1)
 
   ours = session_keyring()
-  assert ours > 0
+  if ours < 0:
+    pytest.skip("keyctl is refused to this test process (a container's seccomp profile?)")
   assert sandbox._spawner().submit(session_keyring).result() not in (ours, -1)
 
 

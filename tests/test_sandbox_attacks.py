@@ -209,7 +209,9 @@ def _in_thread_with_secret_key(secret: bytes, fn):
 
   def body():
     try:
-      assert libc.syscall(ctypes.c_long(NR["keyctl"]), _KEYCTL_JOIN_SESSION_KEYRING, None) >= 0
+      if libc.syscall(ctypes.c_long(NR["keyctl"]), _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        pytest.skip("keyctl is refused to this test process (a container's seccomp profile?): "
+                    "it has no keyring to protect")
       key = libc.syscall(ctypes.c_long(NR["add_key"]), b"user", secret, b"payload-" + secret,
                          ctypes.c_size_t(8 + len(secret)), _KEY_SPEC_SESSION_KEYRING)
       assert key >= 0, os.strerror(ctypes.get_errno())
