@@ -35,7 +35,8 @@ a `RunResult`. The isolation, in layers:
   once they are all gone. When the program exits by itself, bwrap's PID 1 exits with it, with
   the same effect.
 
-Overhead is a few milliseconds for bwrap plus ~10 ms of Python start-up per run. `run` is
+Overhead is a few milliseconds for bwrap, ~10 ms of Python start-up and, with cgroups, ~20 ms
+of cgroup set-up per run. `run` is
 thread-safe; `code.py` calls it from a thread pool. docs/security.md states the threat model
 and the test that proves each containment.
 
