@@ -36,9 +36,8 @@ a `RunResult`. The isolation, in layers:
   the same effect.
 
 Overhead is a few milliseconds for bwrap, ~10 ms of Python start-up and, with cgroups, ~20 ms
-of cgroup set-up per run. `run` is
-thread-safe; `code.py` calls it from a thread pool. docs/security.md states the threat model
-and the test that proves each containment.
+of cgroup set-up per run. `run` is thread-safe; `code.py` calls it from a thread pool.
+docs/security.md states the threat model and the test that proves each containment.
 
 Without bwrap, `run` refuses unless `allow_weak=True`: then the program runs with the same
 rlimits as the non-root user in a private host temp dir, with no namespaces, seccomp filter
