@@ -73,7 +73,11 @@ Judge = Callable[[str, str, str], float]
 
 # ----------------------------------------------------------------------------- Extraction
 
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
+_BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
+# Runs of escaped characters (\\{ is no delimiter), of opening and of closing braces.
+_GROUP_TOKEN = re.compile(r"(?:\\.)+|\{+|\}+", re.DOTALL)
+_SPACES = re.compile(r"\s*")
+_BARE_TOKEN = re.compile(r"[^\s$]*")
 _ANSWER_LINE = re.compile(r"(?i)answer\s*:[ \t]*([^\n]*)")
 _ANSWER_PHRASE = re.compile(r"(?i)\bthe\s+(?:final\s+)?answer\s+is\s*:?[ \t]*([^\n]*)")
 # A number not glued to a word or closing bracket on its left (so "x-3" gives 3, not -3).
@@ -81,39 +85,51 @@ _NUMBER = re.compile(
     r"(?:(?<![\w)\]}])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|(?:(?<![\w)\]}])-)?\.\d+")
 
 
-def _braced_content(text: str, open_index: int) -> str | None:
-  """The text inside the brace group opening at `open_index`; None if it never closes."""
+def _group_end(text: str, open_index: int, limit: int) -> int | None:
+  """Index of the `}` closing the group that opens at `open_index`, or None when it is not
+  closed before `limit`. Escaped characters such as \\{ are not delimiters."""
   depth = 0
-  index = open_index
-  while index < len(text):
-    char = text[index]
-    if char == "\\":
-      index += 2  # an escaped character such as \{ is not a group delimiter
-      continue
-    if char == "{":
-      depth += 1
-    elif char == "}":
-      depth -= 1
-      if depth == 0:
-        return text[open_index + 1:index]
-    index += 1
+  for match in _GROUP_TOKEN.finditer(text, open_index, limit):
+    run = match.group()
+    if run[0] == "{":
+      depth += len(run)
+    elif run[0] == "}":
+      if len(run) >= depth:
+        return match.start() + depth - 1
+      depth -= len(run)
   return None
 
 
 def _last_boxed(text: str) -> str | None:
-  """Content of the last complete \\boxed / \\fbox (a truncated last one falls back to earlier)."""
-  starts = sorted((m.start(), m.end()) for command in _BOX_COMMANDS
-                  for m in re.finditer(re.escape(command) + r"(?![a-zA-Z])", text))
-  for _, end in reversed(starts):
-    rest = text[end:]
-    stripped = rest.lstrip()
-    if stripped.startswith("{"):
-      content = _braced_content(text, end + len(rest) - len(stripped))
-      if content is not None:
-        return content
-    elif rest[:1].isspace() and stripped:
-      return re.split(r"[\s$]", stripped, maxsplit=1)[0]  # "\boxed 5": one bare token
+  """Content of the last complete \\boxed / \\fbox (a truncated last one falls back to earlier).
+
+  Linear in len(text). A group that contains an unclosed one is unclosed too, so the scan for
+  an earlier box's closing brace stops where the later unclosed box starts: no character is
+  scanned twice. (Rescanning to the end for every unclosed box was quadratic: 20,000 of them
+  took minutes.)
+  """
+  limit = len(text)
+  for command in reversed(list(_BOX_COMMAND.finditer(text))):
+    start = _SPACES.match(text, command.end()).end()
+    if text.startswith("{", start):
+      close = _group_end(text, start, limit)
+      if close is not None:
+        return text[start + 1:close]
+      limit = start
+    elif command.end() < start < len(text):
+      return _BARE_TOKEN.match(text, start).group()  # "\boxed 5": one bare token
   return None
+
+
+def _strip_decoration(answer: str) -> str:
+  """Drops markdown bold and spaces around an answer and a sentence's period after it (a
+  character loop: the equivalent regex is quadratic on a long run of spaces)."""
+  start, end = 0, len(answer)
+  while start < end and (answer[start].isspace() or answer[start] == "*"):
+    start += 1
+  while end > start and (answer[end - 1].isspace() or answer[end - 1] in "*."):
+    end -= 1
+  return answer[start:end]
 
 
 def _last_answer_line(text: str) -> str | None:
@@ -141,7 +157,7 @@ def extract_answer(response: str) -> str | None:
     answer = extractor(response)
     if extractor is not _last_boxed and answer is not None:
       # Markdown bold ("**Answer:** 42", "the answer is **42**.") and a sentence's period.
-      answer = re.sub(r"^[\s*]+|[\s*.]+$", "", answer)
+      answer = _strip_decoration(answer)
     if answer:
       return answer
   numbers = _NUMBER.findall(response)
