@@ -292,3 +292,35 @@ def test_decode_builds_only_builtins():
       code_harness.decode(malformed)
   with pytest.raises(TypeError):
     code_harness.encode(object())
+
+
+# ----------------------------------------------------------------------------- Math verifier time
+
+_MEGA = 1_000_000
+ADVERSARIAL_RESPONSES = {  # (response of about 1 MB, gold, expected score)
+    "20000_unclosed_boxes": ("\\boxed{" * 20000 + "x" * (_MEGA - 140000), "5", 0.0),
+    "20000_unclosed_boxes_after_an_answer": (
+        "\\boxed{5}" + ("\\boxed{ 1 " + " " * 40) * 19990, "5", 1.0),
+    "one_box_then_open_braces": ("\\boxed{" + "{" * (_MEGA - 7), "5", 0.0),
+    "escaped_braces": ("\\boxed{" + "\\{" * (_MEGA // 2 - 4), "5", 0.0),
+    "box_commands_and_space_runs": (("\\boxed" + " " * 44) * 20000, "5", 0.0),
+    "answer_line_then_spaces": ("Answer: 5" + " " * (_MEGA - 10) + "x", "5", 0.0),
+    "answer_phrase_then_spaces": ("the answer is 5" + " " * (_MEGA - 16) + "x", "5", 0.0),
+    "answer_words_without_colon": ("answer " * (_MEGA // 7), "5", 0.0),
+    "digit_groups": ("1," * (_MEGA // 2), "5", 0.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL_RESPONSES))
+def test_adversarial_math_response_grades_in_bounded_time(name):
+  """About 1 MB of text built to make extraction rescan (20,000 unclosed boxes took about 4
+  minutes before) grades in well under 5 s, with the right score. The bound is loose on
+  purpose (a loaded CI host); linear extraction takes a fraction of a second."""
+  response, gold, expected = ADVERSARIAL_RESPONSES[name]
+  assert len(response) <= math_reward.MAX_RESPONSE_CHARS
+  math_reward.score("\\boxed{2^{3}}", "8")  # the worker pool's start-up is not the response's
+  start = time.monotonic()
+  scores, counts = math_reward.score_batch([response], [gold], timeout_s=2.0)
+  elapsed = time.monotonic() - start
+  assert scores == [expected], counts
+  assert elapsed < 5.0, f"{name}: {elapsed:.1f} s"
