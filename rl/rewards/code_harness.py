@@ -6,8 +6,9 @@ the sandbox:
 * the harness (this file's `main`, trusted): it reads a per-run random token, runs the test
   code (an MBPP `assert` line, HumanEval's `check`) and writes the token to its stdout only
   when the test code has run to its end without raising;
-* the candidate (`serve`, untrusted): a fresh interpreter that executes the model's program
-  and answers calls of its functions over a pipe.
+* the candidate (`serve`, untrusted): a child forked from the harness before the harness
+  has read anything secret, which executes the model's program and answers calls of its
+  functions over a pipe.
 
 The test code calls the candidate's functions through proxies. Arguments and results cross
 the pipe as data (`encode` / `decode`): None, bool, int, float, complex, str, bytes, list,
@@ -21,10 +22,11 @@ read everything under /proc that its uid may read, and write files in the workin
 The grader (`code.py`) counts a test as passed only when the harness's stdout holds the token,
 so the candidate would have to learn the token, and it cannot:
 
-* the token is not in the candidate's process: it arrives on the harness's stdin, which the
-  harness drains and replaces by /dev/null before the candidate starts (the candidate is
-  exec'd, not forked, so none of the harness's memory is copied into it), and it is in no
-  file, argument or environment variable;
+* the token is not in the candidate's process: the harness forks the candidate first, then
+  reads the token from its stdin (the child's stdin is already /dev/null), reads and deletes
+  the test files, and only then lets the child run the program: no copy of the token or the
+  tests ever exists in the child's memory, and the pipe the token came through is empty by
+  the time the program runs. The token is in no file, argument or environment variable;
 * the harness makes itself non-dumpable (prctl PR_SET_DUMPABLE 0) before anything else, so
   the candidate, without CAP_SYS_PTRACE, can neither ptrace it nor open its /proc/<pid>/mem,
   fd/ or environ;
@@ -44,20 +46,15 @@ candidate shares the host's PID namespace, and the token is only as secret as th
 ptrace policy makes the grader's own memory.
 """
 
+import ast
 import builtins
+import ctypes
 import json
 import os
+import re
+import signal
 import struct
 import sys
-
-# The harness alone needs these; the candidate's interpreter, which runs this file too, skips
-# them (its start-up is part of every test's time).
-if __name__ == "__main__" and sys.argv[1:2] != ["--serve"]:
-  import ast
-  import ctypes
-  import importlib
-  import re
-  import subprocess
 
 TOKEN_HEX_CHARS = 32
 PROGRAM_FILE = "solution.py"
@@ -192,8 +189,9 @@ def serve(request_fd: int, reply_fd: int) -> None:
       source = f.read()
     exec(compile(source, PROGRAM_FILE, "exec"), namespace)  # noqa: S102  (sandboxed)
   except BaseException as error:
+    sys.excepthook(*sys.exc_info())  # the traceback, to stderr: the grader's failure detail
     _send(reply_fd, ["failed", f"{type(error).__name__}: {error}"[:1000]])
-    raise
+    return
   _send(reply_fd, ["loaded", {name: _describe(value) for name, value in namespace.items()
                               if type(name) is str}])
   while True:
@@ -211,17 +209,40 @@ class CandidateError(Exception):
 
 
 class _Candidate:
-  """The candidate's process and the pipes to it."""
+  """The candidate's process and the pipes to it.
+
+  Forked at construction, before the harness reads its secrets; the child waits for `start`.
+  """
 
   def __init__(self):
     to_child, self._requests = os.pipe()
     self._replies, from_child = os.pipe()
-    self.process = subprocess.Popen(
-        [sys.executable, "-B", "-s", os.path.abspath(sys.argv[0]), "--serve", str(to_child),
-         str(from_child)], stdin=subprocess.DEVNULL, stdout=2, stderr=2,
-        pass_fds=(to_child, from_child), env={**os.environ})
-    os.close(to_child)
-    os.close(from_child)
+    go_read, self._go = os.pipe()
+    self.pid = os.fork()
+    if self.pid == 0:
+      try:
+        for fd in (self._requests, self._replies, self._go):
+          os.close(fd)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)  # the token is still in the stdin pipe: never the child's to read
+        os.close(devnull)
+        os.dup2(2, 1)  # the harness's stdout carries the token: not the child's to write
+        if os.read(go_read, 1) == b"g":
+          os.close(go_read)
+          serve(to_child, from_child)
+      finally:
+        try:
+          sys.stdout.flush()
+        finally:
+          os._exit(0)
+    for fd in (to_child, from_child, go_read):
+      os.close(fd)
+    self.globals = {}
+
+  def start(self) -> None:
+    """Lets the child run the program (call once the secrets are out of its reach)."""
+    os.write(self._go, b"g")
+    os.close(self._go)
     reply = self._reply()
     if reply[0] == "failed":
       raise CandidateError(f"the program failed before the tests ran: {reply[1:]}")
@@ -257,8 +278,8 @@ class _Candidate:
     raise CandidateError("malformed reply from the candidate")
 
   def close(self) -> None:
-    self.process.kill()
-    self.process.wait()
+    os.kill(self.pid, signal.SIGKILL)
+    os.waitpid(self.pid, 0)
 
 
 class _Proxy:
@@ -336,7 +357,8 @@ def _test_namespace(candidate: _Candidate, test_code: str, prefix: str) -> dict:
       namespace[name] = _Proxy(candidate, name)
     elif kind[0] == "module" and len(kind) == 2 and re.fullmatch(r"[A-Za-z_][\w.]*",
                                                                    str(kind[1])):
-      namespace[name] = importlib.import_module(kind[1])
+      __import__(kind[1])
+      namespace[name] = sys.modules[kind[1]]
     elif kind[0] == "value":
       namespace[name] = candidate.request(["get", name])
   return namespace
@@ -347,10 +369,11 @@ def main() -> int:
   _make_non_dumpable()
   script_dir = os.path.dirname(os.path.abspath(sys.argv[0]))
   sys.path[:] = [p for p in sys.path if p not in ("", ".", script_dir)]
-  token = _read_token()
-  test_code, prefix = _take_file(TEST_FILE), _take_file(PREFIX_FILE)
   candidate = _Candidate()
   try:
+    token = _read_token()
+    test_code, prefix = _take_file(TEST_FILE), _take_file(PREFIX_FILE)
+    candidate.start()
     namespace = _test_namespace(candidate, test_code, prefix)
     exec(compile(test_code, TEST_FILE, "exec"), namespace)  # noqa: S102  (the dataset's test)
   finally:
@@ -361,7 +384,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-  if sys.argv[1:2] == ["--serve"]:
-    serve(int(sys.argv[2]), int(sys.argv[3]))
-  else:
-    sys.exit(main())
+  sys.exit(main())
