@@ -83,6 +83,15 @@ ATTACKS = {
         "signal.signal(signal.SIGALRM, lambda *args: os._exit(0))\n"
         "signal.setitimer(signal.ITIMER_REAL, 0.3)\n"
         "def add(a, b):\n    time.sleep(3)\n    return 0\n"),
+    "kills_the_harness": (
+        WRONG_ADD + "import os, signal\n"
+        "os.kill(os.getppid(), signal.SIGKILL)\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    try:\n"
+        "        os.write(os.open(f'/proc/{pid}/fd/1', os.O_WRONLY), b'0' * 32 + b'\\n')\n"
+        "    except (OSError, ValueError):\n"
+        "        pass\n"
+        "os._exit(0)\n"),
     "reads_expected_answers_from_disk": (
         "import glob, re\n"
         "def add(a, b):\n"
@@ -221,6 +230,25 @@ def test_token_hunt_control_without_non_dumpable(monkeypatch):
   monkeypatch.setattr(code.secrets, "token_hex", lambda nbytes: token)
   result = code.grade(TOKEN_HUNT, MBPP)
   assert token in result.outcomes[0].detail
+
+
+@needs_bwrap
+def test_planted_module_is_not_imported_by_the_harness(monkeypatch):
+  """The program writes math.py into the working directory, built to dump the token from the
+  importing process's heap and exit 0; the test code's `import math` still gets the standard
+  library's (the harness never imports from the writable working directory)."""
+  token = "5eed" * 8
+  monkeypatch.setattr(code.secrets, "token_hex", lambda nbytes: token)
+  planted = ("import gc, os, re\n"
+             "hexes = {o for o in gc.get_objects() if isinstance(o, str)\n"
+             "         and re.fullmatch('[0-9a-f]{32}', o)}\n"
+             "os.write(1, ('\\n'.join(hexes) + '\\n').encode())\n"
+             "os._exit(0)\n")
+  program = WRONG_ADD + f"open('math.py', 'w').write({planted!r})\n"
+  problem = code.CodeProblem(tests=(
+      code.AssertTest("import math\nassert math.isclose(add(0.5, 0.25), 0.75)"),))
+  result = code.grade(program, problem)
+  assert result.pass_rate == 0.0 and token not in result.outcomes[0].detail
 
 
 @needs_bwrap
