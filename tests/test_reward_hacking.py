@@ -281,6 +281,38 @@ def test_stdio_exit_without_output_fails():
     assert code.grade(program, problem).pass_rate == 0.0
 
 
+MBPP_SAMPLES = [  # MBPP tasks 2, 3 and 4: reference solution, test lines
+    ("def similar_elements(test_tup1, test_tup2):\n"
+     "  res = tuple(set(test_tup1) & set(test_tup2))\n"
+     "  return (res)\n",
+     ["assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))",
+      "assert set(similar_elements((1, 2, 3, 4),(5, 4, 3, 7))) == set((3, 4))"]),
+    ("import math\n"
+     "def is_not_prime(n):\n"
+     "    result = False\n"
+     "    for i in range(2,int(math.sqrt(n)) + 1):\n"
+     "        if n % i == 0:\n"
+     "            result = True\n"
+     "    return result\n",
+     ["assert is_not_prime(2) == False", "assert is_not_prime(10) == True"]),
+    ("import heapq as hq\n"
+     "def heap_queue_largest(nums,n):\n"
+     "  largest_nums = hq.nlargest(n, nums)\n"
+     "  return largest_nums\n",
+     ["assert heap_queue_largest( [25, 35, 22, 85, 14, 65, 75, 22, 58],3)==[85, 75, 65]"]),
+]
+
+
+@needs_bwrap
+def test_mbpp_reference_solutions_pass():
+  """MBPP reference solutions pass their own assert lines through the harness."""
+  results = code.grade_batch(
+      [program for program, _ in MBPP_SAMPLES],
+      [code.CodeProblem(tests=tuple(code.AssertTest(t) for t in tests))
+       for _, tests in MBPP_SAMPLES])
+  assert [r.pass_rate for r in results] == [1.0] * len(MBPP_SAMPLES), results
+
+
 @needs_bwrap
 def test_data_round_trips_through_the_harness():
   """Honest results of every supported kind arrive intact: big ints, floats (nan, -0.0),
