@@ -75,7 +75,8 @@ class CodeProblem:
   """Tests for one task.
 
   tests: the test cases, at least one; StdioTest and AssertTest may be mixed.
-  prefix: prepended to every candidate (HumanEval's prompt, which the completion continues).
+  prefix: prepended to every candidate (HumanEval's prompt, which the completion continues);
+    assert tests take the functions it defines, except its last, from the prefix itself.
   checker: Python source that judges StdioTests instead of exact matching; it is run as
     `main.py input.txt expected.txt actual.txt` and accepts with exit status 0.
   timeout_s, memory_mb: per-test sandbox limits (the checker gets the same).
