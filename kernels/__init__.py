@@ -10,15 +10,27 @@
   offsets scalar-prefetched);
 - "auto": the compiled kernels on a GPU (reference for shapes they cannot take) or a TPU, the
   reference on CPU.
+
+Pallas kernels cannot be partitioned by XLA ("Mosaic kernels cannot be automatically
+partitioned"), so under a multi-device ambient mesh (`jax.set_mesh`) every kernel backend runs
+inside `jax.shard_map`: rows over the batch axes ("data", "fsdp", "expert"; replicated when the
+batch does not divide), sparse-MLA query heads over "tensor" (when the head count divides).
+Keys and the index list stay whole per row. The reference is left to XLA's partitioner.
 """
 
 from __future__ import annotations
 
+import math
+
 import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from kernels import autotune, indexer, reference, sparse_mla_gpu, sparse_mla_tpu
 
 BACKENDS = ("auto", "reference", "interpret", "gpu", "tpu")
+ROW_AXES = ("data", "fsdp", "expert")  # the batch's mesh axes (models/sharding.py "batch")
+HEAD_AXIS = "tensor"
 
 
 def _power_of_two_16(n: int) -> bool:
@@ -39,6 +51,23 @@ def _resolve(backend: str, gpu_ok: bool, what: str) -> str:
   return backend
 
 
+def _ambient_mesh():
+  """The multi-device mesh of `jax.set_mesh`, or None."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return None if mesh is None or mesh.empty or mesh.size == 1 else mesh
+
+
+def _row_and_head_axes(mesh, batch: int, heads: int | None) -> tuple:
+  """Mesh axes for the batch dimension (None when it does not divide) and for heads."""
+  shape = dict(mesh.shape)
+  rows = tuple(a for a in ROW_AXES if shape.get(a, 1) > 1)
+  if not rows or batch % math.prod(shape[a] for a in rows):
+    rows = None
+  tensor = shape.get(HEAD_AXIS, 1)
+  head = HEAD_AXIS if heads is not None and tensor > 1 and heads % tensor == 0 else None
+  return rows, head
+
+
 def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float, d_v: int,
                backend: str = "auto", block_config: str = "default"
                ) -> tuple[jax.Array, jax.Array]:
@@ -51,11 +80,22 @@ def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float,
   backend = _resolve(backend, gpu_ok, f"d_v={d_v} and the rope width {q.shape[-1] - d_v}")
   if backend == "reference":
     return reference.sparse_mla(q, kv, indices, scale=scale, d_v=d_v)
-  if backend == "tpu":
-    return sparse_mla_tpu.sparse_mla(q, kv, indices, scale=scale, d_v=d_v,
-                                     block_config=block_config)
-  return sparse_mla_gpu.sparse_mla(q, kv, indices, scale=scale, d_v=d_v,
-                                   interpret=backend == "interpret", block_config=block_config)
+
+  def call(q, kv, indices):
+    if backend == "tpu":
+      return sparse_mla_tpu.sparse_mla(q, kv, indices, scale=scale, d_v=d_v,
+                                       block_config=block_config)
+    return sparse_mla_gpu.sparse_mla(q, kv, indices, scale=scale, d_v=d_v,
+                                     interpret=backend == "interpret", block_config=block_config)
+  mesh = _ambient_mesh()
+  if mesh is None:
+    return call(q, kv, indices)
+  rows, head = _row_and_head_axes(mesh, q.shape[0], q.shape[2])
+  return jax.shard_map(
+      call, mesh=mesh,
+      in_specs=(P(rows, None, head, None), P(rows, None, None), P(rows, None, None)),
+      out_specs=(P(rows, None, head, None), P(rows, None, head)), check_vma=False)(
+          q, kv, indices)
 
 
 def lightning_indexer(q: jax.Array, k: jax.Array, w: jax.Array, *, topk: int,
@@ -72,7 +112,21 @@ def lightning_indexer(q: jax.Array, k: jax.Array, w: jax.Array, *, topk: int,
   if backend == "reference":
     return reference.lightning_indexer(q, k, w, topk=topk, causal=causal, q_offset=q_offset,
                                        segment_ids=segment_ids)
-  return indexer.lightning_indexer(q, k, w, topk=topk, causal=causal, q_offset=q_offset,
-                                   segment_ids=segment_ids,
-                                   platform="tpu" if backend == "tpu" else "gpu",
-                                   interpret=backend == "interpret", block_config=block_config)
+
+  def call(q, k, w, q_offset, segment_ids):
+    return indexer.lightning_indexer(q, k, w, topk=topk, causal=causal, q_offset=q_offset,
+                                     segment_ids=segment_ids,
+                                     platform="tpu" if backend == "tpu" else "gpu",
+                                     interpret=backend == "interpret", block_config=block_config)
+  mesh = _ambient_mesh()
+  if mesh is None:
+    return call(q, k, w, q_offset, segment_ids)
+  # The score sums over indexer heads: heads stay whole; rows split over the batch axes.
+  rows, _ = _row_and_head_axes(mesh, q.shape[0], None)
+  q_offset = jnp.asarray(q_offset, jnp.int32)
+  offset_spec = P(rows) if q_offset.ndim == 1 else P()
+  row_specs = (P(rows, None, None, None), P(rows, None, None), P(rows, None, None), offset_spec,
+               None if segment_ids is None else P(rows, None))
+  return jax.shard_map(call, mesh=mesh, in_specs=row_specs,
+                       out_specs=(P(rows, None, None), P(rows, None, None)),
+                       check_vma=False)(q, k, w, q_offset, segment_ids)

@@ -36,7 +36,9 @@ _CHUNK_BYTES = 1 << 30
 
 def _dot_nt(a: jax.Array, b: jax.Array) -> jax.Array:
   """a @ b.T with fp32 accumulation (IEEE fp32 for fp32 inputs)."""
-  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+  # Explicit either way: a global jax_default_matmul_precision="highest" would otherwise ask
+  # Mosaic for an fp32 contraction of bf16 operands, which v5e rejects ("Bad lhs type").
+  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else lax.Precision.DEFAULT
   return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=precision,
                          preferred_element_type=jnp.float32)
 

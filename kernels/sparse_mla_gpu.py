@@ -51,7 +51,9 @@ def _dot(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = F
   """a @ b (optionally transposed operands) with fp32 accumulation; fp32 inputs in IEEE fp32
   (Triton would otherwise use TF32)."""
   dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
-  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+  # Explicit either way: a global jax_default_matmul_precision="highest" would otherwise ask
+  # Mosaic for an fp32 contraction of bf16 operands, which v5e rejects ("Bad lhs type").
+  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else lax.Precision.DEFAULT
   return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
 
 

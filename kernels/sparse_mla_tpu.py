@@ -38,7 +38,9 @@ _SMEM_INDICES = 16384
 
 def _mm(a: jax.Array, b: jax.Array) -> jax.Array:
   """a @ b with fp32 accumulation."""
-  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+  # Explicit either way: a global jax_default_matmul_precision="highest" would otherwise ask
+  # Mosaic for an fp32 contraction of bf16 operands, which v5e rejects ("Bad lhs type").
+  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else lax.Precision.DEFAULT
   return jnp.dot(a, b, precision=precision, preferred_element_type=jnp.float32)
 
 
@@ -54,10 +56,15 @@ class _Gather:
 
   def _copies(self, chunk, j, slot):
     row = jnp.maximum(self.idx_ref[self.base + chunk * self.block_k + j], 0)
-    return (pltpu.make_async_copy(self.kv_nope_hbm.at[self.batch_row, pl.ds(row, 1)],
-                                  self.nope_buf.at[slot, pl.ds(j, 1)], self.sems.at[slot, 0]),
-            pltpu.make_async_copy(self.kv_rope_hbm.at[self.batch_row, pl.ds(row, 1)],
-                                  self.rope_buf.at[slot, pl.ds(j, 1)], self.sems.at[slot, 1]))
+    return (pltpu.make_async_copy(self.kv_nope_hbm.at[self.batch_row, row],
+                                  self.nope_buf.at[slot, j], self.sems.at[slot, 0]),
+            pltpu.make_async_copy(self.kv_rope_hbm.at[self.batch_row, row],
+                                  self.rope_buf.at[slot, j], self.sems.at[slot, 1]))
+
+  def rows(self, slot) -> tuple[jax.Array, jax.Array]:
+    """The chunk in slot `slot` as ([block_k, d_v], [block_k, d_rope]) values."""
+    nope, rope = self.nope_buf[slot], self.rope_buf[slot]  # [block_k, 1, d]
+    return nope.reshape(self.block_k, nope.shape[-1]), rope.reshape(self.block_k, rope.shape[-1])
 
   def start(self, chunk, slot):
     def one(j, carry):
@@ -111,7 +118,7 @@ def _fwd_kernel(idx_ref, nchunks_ref, q_nope_ref, q_rope_ref, kv_nope_hbm, kv_ro
 
   def body(chunk, slot, carry):
     acc, row_max, row_sum = carry
-    k_nope, k_rope = nope_buf[slot], rope_buf[slot]
+    k_nope, k_rope = gather.rows(slot)
     logits = (_mm(q_nope, k_nope.T) + _mm(q_rope, k_rope.T)) * scale
     logits = jnp.where(gather.valid(chunk) > 0.0, logits, -jnp.inf)
     new_max = jnp.maximum(row_max, jnp.max(logits, axis=1, keepdims=True))
@@ -149,7 +156,7 @@ def _bwd_kernel(idx_ref, nchunks_ref, q_nope_ref, q_rope_ref, dout_ref, lse_ref,
 
   def body(chunk, slot, carry):
     dq_nope, dq_rope = carry
-    k_nope, k_rope = nope_buf[slot], rope_buf[slot]
+    k_nope, k_rope = gather.rows(slot)
     logits = (_mm(q_nope, k_nope.T) + _mm(q_rope, k_rope.T)) * scale
     probs = jnp.where(gather.valid(chunk) > 0.0, jnp.exp(logits - lse), 0.0)
     dlogits = probs * (_mm(dout, k_nope.T) - delta) * scale
@@ -178,7 +185,8 @@ class _Tiling:
 
 
 def _scratch(t: _Tiling, d_rope: int, dtype):
-  return [pltpu.VMEM((2, t.block_k, t.d_v), dtype), pltpu.VMEM((2, t.block_k, d_rope), dtype),
+  return [pltpu.VMEM((2, t.block_k, 1, t.d_v), dtype),
+          pltpu.VMEM((2, t.block_k, 1, d_rope), dtype),
           pltpu.SemaphoreType.DMA((2, 2))]
 
 
@@ -260,7 +268,7 @@ def _from_query_chunks(x: jax.Array) -> jax.Array:
 
 
 def _forward(q, kv, indices, t: _Tiling):
-  kv_nope, kv_rope = kv[..., :t.d_v], kv[..., t.d_v:]
+  kv_nope, kv_rope = kv[..., None, :t.d_v], kv[..., None, t.d_v:]
 
   def one(xs):
     q_c, idx_c = xs
@@ -272,7 +280,7 @@ def _forward(q, kv, indices, t: _Tiling):
 
 def _backward(q, kv, indices, out, lse, dout, dlse, t: _Tiling):
   batch, length, dim = kv.shape
-  kv_nope, kv_rope = kv[..., :t.d_v], kv[..., t.d_v:]
+  kv_nope, kv_rope = kv[..., None, :t.d_v], kv[..., None, t.d_v:]
   finite = jnp.isfinite(lse)
   lse_safe = jnp.where(finite, lse, 0.0)[..., None]
   delta = jnp.sum(dout.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)

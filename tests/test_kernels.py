@@ -8,6 +8,7 @@ the result" means every output element was written. Inputs are fresh random draw
 the seed is in every failure message.
 """
 
+import functools
 import os
 
 import jax
@@ -232,6 +233,38 @@ def test_tpu_indexer_matches_reference(seed):
   want = reference.lightning_indexer(q, k, w, topk=6, q_offset=offset)
   np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]), f"seed={seed}")
   np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]), f"seed={seed}")
+
+
+@pytest.mark.parametrize("backend", ["interpret", "tpu_interpret"])
+def test_kernels_under_a_mesh_run_per_shard(backend, seed, monkeypatch):
+  """Under a multi-device ambient mesh the Pallas kernels run inside shard_map (XLA cannot
+  partition a Mosaic call): rows over data x fsdp, sparse-MLA heads over tensor; values and
+  gradients equal the unsharded reference, and the lowered program holds the shard_map."""
+  from models import sharding
+  if backend == "tpu_interpret":  # the Mosaic-TPU kernels, run by TPU interpret mode
+    monkeypatch.setattr(sparse_mla_tpu, "sparse_mla", functools.partial(
+        sparse_mla_tpu.sparse_mla, interpret=pltpu.InterpretParams(), block_k=16))
+    backend = "tpu"
+  rng = np.random.default_rng(seed)
+  q, kv, idx = mla_inputs(rng, "float32", batch=4, steps=3, heads=4, length=19, width=16,
+                          d_v=32, d_rope=16)
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  with jax.set_mesh(mesh):
+    fn = jax.jit(lambda q, kv: kernels.sparse_mla(q, kv, idx, scale=0.1, d_v=32,
+                                                   backend=backend))
+    assert "shard_map" in str(jax.make_jaxpr(fn)(q, kv))
+    check_vjp(fn, lambda q, kv: reference.sparse_mla(q, kv, idx, scale=0.1, d_v=32),
+              q, kv, rng, "float32", seed)
+  if backend == "tpu":
+    return
+  qi, ki = dyadic(rng, (4, 5, 2, 16), jnp.float32), dyadic(rng, (4, 29, 16), jnp.float32)
+  wi = dyadic(rng, (4, 5, 2), jnp.float32, -2, 3, 0.5)
+  offset = jnp.asarray(rng.integers(0, 24, 4), jnp.int32)
+  with jax.set_mesh(mesh):
+    got = jax.jit(lambda q, k, w, o: kernels.lightning_indexer(
+        q, k, w, topk=6, q_offset=o, backend="interpret"))(qi, ki, wi, offset)
+  want = reference.lightning_indexer(qi, ki, wi, topk=6, q_offset=offset)
+  np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]), f"seed={seed}")
 
 
 def test_dispatch(seed):
