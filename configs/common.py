@@ -183,6 +183,7 @@ def _non_negative(c: ml_collections.ConfigDict, section: str, *fields: str) -> N
 def model_config(c: ml_collections.ConfigDict) -> ModelConfig:
   """The ModelConfig named by config.model (its own checks name the field)."""
   fields = {k: v for k, v in c.model.to_dict().items() if k != "preset"}
+  fields["kernel_backend"] = c.get("kernel_backend", "auto")
   _allowed("model.preset", c.model.preset, sorted(PRESETS))
   try:
     return ModelConfig(**fields)
@@ -359,7 +360,8 @@ def _check_mesh(c: ml_collections.ConfigDict) -> None:
 # Fields a checkpoint's config.json fixes; the rest (dtypes, context length, init, dispatch) a
 # config may choose freely.
 _HF_FREE_FIELDS = ("dtype", "param_dtype", "init_std", "max_seq_len", "moe_dispatch",
-                   "router_aux_loss_coef", "router_bias_rate", "head", "remat", "remat_names")
+                   "router_aux_loss_coef", "router_bias_rate", "head", "remat", "remat_names",
+                   "kernel_backend")
 
 
 def _check_hf_dir(c: ml_collections.ConfigDict) -> None:
@@ -394,7 +396,8 @@ def build_policy(c: ml_collections.ConfigDict, mesh=None):
     from models import hf
     return hf.load_pretrained(c.init_hf_dir, dtype=cfg.dtype, mesh=mesh,
                               param_dtype=cfg.param_dtype, max_seq_len=cfg.max_seq_len,
-                              remat=cfg.remat, remat_names=cfg.remat_names)
+                              remat=cfg.remat, remat_names=cfg.remat_names,
+                              kernel_backend=cfg.kernel_backend)
   return Transformer(cfg, rngs=nnx.Rngs(params=c.seed))
 
 

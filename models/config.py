@@ -19,6 +19,7 @@ ROUTERS = ("softmax", "sigmoid_noaux")
 DISPATCHES = ("ragged", "dense")
 HEADS = ("lm", "scalar")
 DTYPES = ("float32", "bfloat16", "float16")
+KERNEL_BACKENDS = ("auto", "reference", "interpret", "gpu", "tpu")  # kernels.BACKENDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +91,9 @@ class ModelConfig:
   remat: str = "none"
   # Comma-separated activation tags kept by remat="names" / moved to host by "offload_names".
   remat_names: str = "attn_out,mlp_out"
+  # DSA kernels every forward uses unless the call names others (kernels.BACKENDS; "auto": the
+  # Mosaic kernels on a TPU, Triton on a GPU, the pure-jnp reference on CPU).
+  kernel_backend: str = "auto"
 
   def __post_init__(self):
     _validate(self)
@@ -155,6 +159,8 @@ def _validate(c: ModelConfig) -> None:
     _fail("attention", c.attention, f"must be one of {ATTENTION_KINDS}")
   if c.head not in HEADS:
     _fail("head", c.head, f"must be one of {HEADS}")
+  if c.kernel_backend not in KERNEL_BACKENDS:
+    _fail("kernel_backend", c.kernel_backend, f"must be one of {KERNEL_BACKENDS}")
   for name in ("dtype", "param_dtype"):
     if getattr(c, name) not in DTYPES:
       _fail(name, getattr(c, name), f"must be one of {DTYPES}")

@@ -90,7 +90,7 @@ class Transformer(nnx.Module):
   def forward(self, tokens: jax.Array, *, positions: jax.Array | None = None,
               segment_ids: jax.Array | None = None, cache: dict | None = None,
               num_new: jax.Array | None = None, routing: jax.Array | None = None,
-              token_mask: jax.Array | None = None, kernel_backend: str = "auto",
+              token_mask: jax.Array | None = None, kernel_backend: str | None = None,
               moe_dispatch: str | None = None,
               indexer_stage: str | None = None) -> ModelOutput:
     """Runs the model.
@@ -107,12 +107,14 @@ class Transformer(nnx.Module):
         the cache lengths advance by this (default T).
       routing: int32 [B, T, n_moe_layers, k] expert ids to replay (keep-routing).
       token_mask: [B, T] tokens that count in the router statistics (default all).
-      kernel_backend: DSA kernel backend ("auto", "reference", "interpret", "gpu", "tpu").
+      kernel_backend: DSA kernel backend ("auto", "reference", "interpret", "gpu", "tpu");
+        default: the model config's `kernel_backend` (config.kernel_backend of a run).
       moe_dispatch: override cfg.moe_dispatch ("ragged" or "dense").
       indexer_stage: DSA training only: "dense_warmup" or "sparse" adds the indexer KL loss
         (summed over layers and the tokens of `token_mask`) to the output.
     """
     cfg = self.cfg
+    kernel_backend = kernel_backend or cfg.kernel_backend
     if indexer_stage is not None and not cfg.dsa:
       raise ValueError(f"indexer_stage={indexer_stage!r} needs a DSA model (cfg.dsa=True)")
     batch, steps = tokens.shape

@@ -447,3 +447,17 @@ def test_streaming_rollouts_carry_groups_over_to_later_steps(one_device_run, tmp
   assert any(r["stream/old_groups"] > 0 for r in rows[1:])
   assert all(r["stream/token_staleness_max"] <= 1 for r in rows)
   assert all(np.isfinite(r["loss"]) and r["skipped"] == 0 for r in rows)
+
+
+def test_config_kernel_backend_reaches_every_forward(tmp_path, monkeypatch):
+  """config.kernel_backend is the backend the DSA kernels are asked for in SFT, the held-out
+  evals, the rollout and the RL update (every forward once asked for "auto", whatever the
+  config said)."""
+  import kernels
+  asked = []
+  resolve = kernels._resolve
+  monkeypatch.setattr(kernels, "_resolve",
+                      lambda backend, *rest: asked.append(backend) or resolve(backend, *rest))
+  c = small_config(kernel_backend="reference", **{"sft.epochs": 1, "train.steps": 1})
+  pipeline.run_sft_then_rl(c, str(tmp_path))
+  assert asked and set(asked) == {"reference"}, sorted(set(asked))
