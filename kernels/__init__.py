@@ -20,6 +20,7 @@ Keys and the index list stay whole per row. The reference is left to XLA's parti
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import jax
@@ -33,6 +34,21 @@ ROW_AXES = ("data", "fsdp", "expert")  # the batch's mesh axes (models/sharding.
 HEAD_AXIS = "tensor"
 
 
+_target_platform: str | None = None
+
+
+@contextlib.contextmanager
+def target_platform(platform: str | None):
+  """Resolve "auto" as on `platform` ("cpu", "gpu", "tpu") while tracing inside this block:
+  how a CPU host compiles a program for a TPU topology ahead of time (launch/dry_run.py)."""
+  global _target_platform
+  previous, _target_platform = _target_platform, platform
+  try:
+    yield
+  finally:
+    _target_platform = previous
+
+
 def _power_of_two_16(n: int) -> bool:
   return n >= 16 and n & (n - 1) == 0
 
@@ -41,8 +57,8 @@ def _resolve(backend: str, gpu_ok: bool, what: str) -> str:
   if backend not in BACKENDS:
     raise ValueError(f"kernel backend {backend!r}: must be one of {BACKENDS}")
   if backend == "auto":
-    platform = jax.default_backend()
-    if platform == "gpu":
+    platform = _target_platform or jax.default_backend()
+    if platform in ("gpu", "cuda", "rocm"):
       return "gpu" if gpu_ok else "reference"
     return "tpu" if platform == "tpu" else "reference"
   if backend == "gpu" and not gpu_ok:

@@ -23,6 +23,7 @@ import ml_collections
 from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
+import kernels
 from configs import common
 from models import cache as cache_lib
 from models import memory
@@ -34,15 +35,16 @@ from rl import train_step as ts
 GiB = 2**30
 
 
-def mesh_for(config: ml_collections.ConfigDict,
-             shape: dict[str, int] | None = None) -> tuple[Any, bool]:
-  """(mesh, concrete): a real Mesh over the first local devices when config.mesh (or `shape`,
-  e.g. a planned one) fits on them, else an AbstractMesh of the same axis sizes. A -1 size
-  takes the local devices left over."""
+def mesh_for(config: ml_collections.ConfigDict, shape: dict[str, int] | None = None,
+             devices: list | None = None) -> tuple[Any, bool]:
+  """(mesh, concrete): a real Mesh over the first of `devices` (default: the local devices)
+  when config.mesh (or `shape`, e.g. a planned one) fits on them, else an AbstractMesh of the
+  same axis sizes. A -1 size takes the devices left over."""
+  devices = list(jax.devices() if devices is None else devices)
   shape = config.mesh.shape if shape is None else shape
   ici = {a: int(shape.get(a, 1)) for a in sharding_lib.MESH_AXES}
   dcn = {a: int(config.mesh.dcn.get(a, 1)) for a in sharding_lib.MESH_AXES}
-  n_local = jax.device_count()
+  n_local = len(devices)
   if -1 in ici.values():
     known = math.prod(s for s in ici.values() if s != -1) * math.prod(dcn.values())
     if n_local % known:
@@ -51,7 +53,7 @@ def mesh_for(config: ml_collections.ConfigDict,
     ici = {a: n_local // known if s == -1 else s for a, s in ici.items()}
   total = math.prod(ici.values()) * math.prod(dcn.values())
   if total <= n_local:
-    return sharding_lib.mesh_from_config(dict(ici, dcn=dcn), jax.devices()[:total]), True
+    return sharding_lib.mesh_from_config(dict(ici, dcn=dcn), devices[:total]), True
   sizes = tuple(ici[a] * dcn[a] for a in sharding_lib.MESH_AXES)
   return AbstractMesh(sizes, sharding_lib.MESH_AXES,
                       axis_types=(AxisType.Auto,) * len(sizes)), False
@@ -121,8 +123,8 @@ def _compiled_memory(config, mesh, graphdef, params, rest, param_shardings, opti
   """XLA's memory analysis of the policy update compiled for `mesh` (per device)."""
   replicated = NamedSharding(mesh, PartitionSpec())
   # Buffers outside nnx.Param (e.g. the router's bias) are small and replicated.
-  rest_values = jax.tree.map(lambda s: jax.device_put(jnp.zeros(s.shape, s.dtype), replicated),
-                             rest)
+  rest_values = jax.tree.map(
+      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), rest)
   state = ts.TrainState(params, opt_state, jax.ShapeDtypeStruct((), jnp.int32))
   state_shardings = ts.TrainState(param_shardings, opt_shardings, replicated)
   update = ts.make_update(
@@ -133,10 +135,12 @@ def _compiled_memory(config, mesh, graphdef, params, rest, param_shardings, opti
       temperature=max(config.rollout.temperature, 1e-6), max_len=config.rollout.max_new_tokens)
   full_batch = {k: jax.ShapeDtypeStruct((v.shape[0] * config.train.micro_batches, *v.shape[1:]),
                                         v.dtype) for k, v in batch.items()}
+  platform = mesh.devices.flat[0].platform
   # XLA:CPU would otherwise undo the rematerialisation (models/remat.py).
-  options = remat_lib.CPU_KEEP_REMAT if jax.default_backend() == "cpu" else None
-  with jax.set_mesh(mesh):
-    analysis = update.lower(state, rest_values, full_batch).compile(compiler_options=options).memory_analysis()
+  options = remat_lib.CPU_KEEP_REMAT if platform == "cpu" else None
+  with jax.set_mesh(mesh), kernels.target_platform(platform):
+    analysis = update.lower(state, rest_values, full_batch).compile(
+        compiler_options=options).memory_analysis()
   fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
             "temp_size_in_bytes")
   out = {f.replace("_size_in_bytes", ""): int(getattr(analysis, f)) for f in fields}
@@ -145,23 +149,28 @@ def _compiled_memory(config, mesh, graphdef, params, rest, param_shardings, opti
 
 
 def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
-           compile_step: bool | None = None) -> dict[str, Any]:
+           compile_step: bool | None = None, devices: list | None = None) -> dict[str, Any]:
   """Sizes of one RL policy update under `config` (see the module docstring).
 
-  `compile_step`: None compiles the update when the mesh fits on the local devices; False
-  never compiles (analytic estimate only); True requires it.
+  `compile_step`: None compiles the update when the mesh fits on the devices; False never
+  compiles (analytic estimate only); True requires it. `devices`: what to compile for
+  (default: the local devices); e.g. a TPU topology's devices (`topology_devices`) to compile
+  ahead of time for a slice this host does not have, with "auto" kernels taken as that
+  platform takes them.
   """
+  devices = list(jax.devices() if devices is None else devices)
+  platform = devices[0].platform
   common.validate(config)
   cfg = common.model_config(config)
   plan = None
   if config.mesh.auto:  # the best mesh of models/planner.py for the config's remat / offload
     from models import planner
-    plan = planner.best_mesh(config, config.mesh.devices or jax.device_count(),
+    plan = planner.best_mesh(config, config.mesh.devices or len(devices),
                              planner.device_kind(config.mesh.device_kind))
-  mesh, concrete = mesh_for(config, plan.mesh if plan else None)
+  mesh, concrete = mesh_for(config, plan.mesh if plan else None, devices)
   if compile_step and not concrete:
     raise ValueError(f"cannot compile: the mesh needs {mesh.size} devices, "
-                     f"{jax.device_count()} here")
+                     f"{len(devices)} given")
   graphdef, params, rest = memory.abstract_model(cfg)
   param_shardings = sharding_lib.state_shardings(params, mesh)
   optimizer = ts.make_optimizer(lr=config.optim.lr, warmup_steps=config.optim.warmup_steps,
@@ -184,7 +193,8 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
       "algorithm": config.rl.algorithm,
       "mesh_shape": dict(mesh.shape),
       "devices": int(mesh.size),
-      "local_devices": jax.device_count(),
+      "local_devices": len(devices),
+      "platform": platform,
       "abstract_mesh": not concrete,
       "params_total": total_params,
       "params_active": total_params - inactive,
@@ -224,7 +234,7 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   tensor = dict(mesh.shape)["tensor"]
   backend = config.kernel_backend
   if backend == "auto":  # kernels/__init__.py: the reference on CPU, compiled kernels elsewhere
-    backend = "reference" if concrete and jax.default_backend() == "cpu" else "compiled"
+    backend = "reference" if concrete and platform == "cpu" else "compiled"
   per_token = memory.activation_bytes_per_token(cfg, length, tensor=tensor, kernel_backend=backend)
   host_per_token = memory.offloaded_activation_bytes_per_token(cfg, length, tensor=tensor,
                                                         kernel_backend=backend)
@@ -255,6 +265,17 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   return out
 
 
+def topology_devices(name: str) -> list:
+  """The devices of a TPU topology such as "v5p:2x2x1" or "v5e:4x4", for ahead-of-time
+  compiles on any host (needs libtpu: `bash launch/setup.sh --compilers`)."""
+  import importlib.util
+  if importlib.util.find_spec("libtpu") is None:
+    raise ValueError(f"--topology={name}: libtpu is not installed "
+                     "(bash launch/setup.sh --compilers)")
+  from jax.experimental import topologies
+  return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
+
+
 def _gib(n: float) -> str:
   return f"{n / GiB:.2f} GiB" if n >= GiB / 100 else f"{n / 2**20:.2f} MiB"
 
@@ -266,8 +287,8 @@ def _count(n: int) -> str:
 def format_report(r: dict[str, Any]) -> list[str]:
   """The dry run's printed lines."""
   mesh = " ".join(f"{k}={v}" for k, v in r["mesh_shape"].items())
-  where = (f"abstract: {r['local_devices']} local device(s)" if r["abstract_mesh"]
-           else "on the local devices")
+  where = (f"abstract: {r['local_devices']} {r['platform']} device(s)" if r["abstract_mesh"]
+           else f"on {r['platform']} devices")
   lines = [
       f"model {r['model']} | algorithm {r['algorithm']} | mesh {mesh} "
       f"({r['devices']} devices, {where}{'; planned: config.mesh.auto' if r['planned'] else ''})",
@@ -319,12 +340,15 @@ def format_report(r: dict[str, Any]) -> list[str]:
   compiled = r["compiled"]
   if compiled:
     lines.append(
-        f"compiled    {_gib(compiled['peak'])}/device peak (XLA:{jax.default_backend()} "
+        f"compiled    {_gib(compiled['peak'])}/device peak (XLA:{r['platform']} "
         f"memory analysis: arguments {_gib(compiled['argument'])}, outputs "
         f"{_gib(compiled['output'])}, aliased {_gib(compiled['alias'])}, temporaries "
         f"{_gib(compiled['temp'])})")
+    lines.append(f"ratio       analytic / compiled = "
+                 f"{r['total_bytes_per_device'] / max(compiled['peak'], 1):.2f}")
   else:
-    why = ("the mesh does not fit on the local devices" if r["abstract_mesh"]
+    why = ("the mesh does not fit on the devices (--topology compiles for a TPU slice)"
+           if r["abstract_mesh"]
            else "compilation skipped")
     lines.append(f"compiled    not compiled ({why}): the activation figure above is analytic")
   return lines

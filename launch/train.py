@@ -37,6 +37,11 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (checkpoints, 
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print parameter counts and per-device memory of "
                              "the config's mesh, model and optimiser (built abstractly), then "
                              "exit without training.")
+_TOPOLOGY = flags.DEFINE_string(
+    "topology", None, "With --dry_run: compile the policy update ahead of time for this TPU "
+    "topology (e.g. v5p:2x2x1, v5e:4x4, v6e:2x2; needs libtpu, `bash launch/setup.sh "
+    "--compilers`, and JAX_PLATFORMS=cpu on a host without TPUs) and report XLA:TPU's memory "
+    "analysis beside the analytic estimate.")
 
 
 def main(argv):
@@ -46,9 +51,16 @@ def main(argv):
   if config is None:
     raise app.UsageError("--config=configs/<name>.py is required")
   common.validate(config)
+  if _TOPOLOGY.value and not _DRY_RUN.value:
+    raise app.UsageError("--topology compiles ahead of time: use it with --dry_run")
   if _DRY_RUN.value:
     from launch import dry_run
-    print("\n".join(dry_run.format_report(dry_run.report(config))))
+    if _TOPOLOGY.value:
+      r = dry_run.report(config, compile_step=True,
+                         devices=dry_run.topology_devices(_TOPOLOGY.value))
+    else:
+      r = dry_run.report(config)
+    print("\n".join(dry_run.format_report(r)))
     return
   common.check_paths(config)
   from rl import checkpoint
