@@ -319,18 +319,18 @@ def test_load_policy_checkpoint_sft_and_rl(orbax_checkpoints):
 
 
 def test_orbax_checkpoint_end_to_end(orbax_checkpoints, tmp_path):
-  """The launcher on an RL checkpoint with the demo config: the trainer's held-out arithmetic
+  """The launcher on an RL checkpoint with the demo config: the trainer's held-out addition
   problems (first 8, k=2), maj@2 reported, the step recorded."""
   _, root, _ = orbax_checkpoints
   proc = _run_eval("--config=configs/demo.py", f"--checkpoint={root / 'rl'}",
-                   "--dataset=arithmetic:8", "--k=2", "--max_new_tokens=8",
+                   "--dataset=addition:8", "--k=2", "--max_new_tokens=8",
                    f"--out_dir={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(tmp_path / "results.json") as f:
     results = json.load(f)
   assert results["model"]["step"] == 3 and results["settings"]["template"] == "plain"
-  arithmetic = results["datasets"]["arithmetic"]
-  assert arithmetic["num_problems"] == 8 and "maj@2" in arithmetic["metrics"]
+  addition = results["datasets"]["addition"]
+  assert addition["num_problems"] == 8 and "maj@2" in addition["metrics"]
   with open(tmp_path / "samples.jsonl") as f:
     rows = [json.loads(line) for line in f]
   assert len(rows) == 16 and all(r["length"] <= 8 for r in rows)

@@ -1,4 +1,4 @@
-"""The RL loop end to end on the tiny MoE + MLA + DSA demo model with the real arithmetic
+"""The RL loop end to end on the tiny MoE + MLA + DSA demo model with the real addition
 verifier: the demo pipeline (SFT cold start, then RL, results table), three steps of each
 flagship recipe, on-policy ratios, dynamic sampling, resume after a kill, and the trainer and
 SFT on 8-device meshes (data / FSDP / tensor / expert parallel, optimiser state offloaded to
@@ -117,7 +117,7 @@ def test_three_steps_of_each_recipe(algorithm, demo_run, tmp_path):
   for r in rows:
     assert r["skipped"] == 0.0
     assert all(np.isfinite(v) for v in r.values() if isinstance(v, float)), r
-    assert {"reward", "acc/arithmetic", "kept_group_fraction", "response_len_mean",
+    assert {"reward", "acc/addition", "kept_group_fraction", "response_len_mean",
             "truncation_rate", "time/rollout", "time/reward", "time/update",
             "tokens_per_s"} <= set(r)
     if algorithm != "vapo" or r["step"] > 1:
@@ -203,7 +203,8 @@ def test_dynamic_sampling_drops_uniform_groups_refills_and_truncates(tmp_path):
 
 
 def test_dynamic_sampling_gives_up_with_a_clear_error(tmp_path):
-  c = small_config("dapo", **{"train.samples_per_prompt": 2, "rl.max_num_gen_batches": 2})
+  c = small_config("dapo", **{"train.samples_per_prompt": 2, "rl.max_num_gen_batches": 2,
+                              "rl.fill_at_cap": False})
   trainer = Trainer(c, str(tmp_path))
   all_wrong = [[(0, 0)] * 4] * 2
   trainer._rollout = _fake_rollout(trainer, all_wrong)
@@ -298,7 +299,7 @@ def test_sigkilled_demo_resumes_to_the_same_final_metrics(tmp_path):
   assert _launch(killed).wait(timeout=900) == 0
   final = [read_metrics(str(d / "rl"))[-1] for d in (straight, killed)]
   assert final[0]["step"] == final[1]["step"] == 6
-  for key in ("reward", "loss", "grad_norm", "acc/arithmetic"):
+  for key in ("reward", "loss", "grad_norm", "acc/addition"):
     assert final[0][key] == final[1][key], key
   results = [json.load(open(d / "results.json")) for d in (straight, killed)]
   assert results[0]["rl_heldout_acc"] == results[1]["rl_heldout_acc"]
