@@ -13,7 +13,7 @@ import os
 
 import ml_collections
 
-from models.config import ModelConfig, PRESETS, get_config as get_model_config
+from models.config import KERNEL_BACKENDS, ModelConfig, PRESETS, get_config as get_model_config
 from rl import algorithms
 
 JOBS = ("rl", "sft", "sft_rl", "o1_coder")
@@ -184,6 +184,7 @@ def model_config(c: ml_collections.ConfigDict) -> ModelConfig:
   """The ModelConfig named by config.model (its own checks name the field)."""
   fields = {k: v for k, v in c.model.to_dict().items() if k != "preset"}
   fields["kernel_backend"] = c.get("kernel_backend", "auto")
+  _allowed("kernel_backend", fields["kernel_backend"], KERNEL_BACKENDS)
   _allowed("model.preset", c.model.preset, sorted(PRESETS))
   try:
     return ModelConfig(**fields)

@@ -62,7 +62,7 @@ def test_segment_topk_matches_each_document_alone():
       want = np.where(alone_idx[0] >= 0, alone_idx[0] + lo, -1)
       np.testing.assert_array_equal(got, want)
       np.testing.assert_allclose(np.asarray(scores[b, lo:hi, :alone_idx.shape[-1]]),
-                                 np.asarray(alone_scores[0]), rtol=1e-6)
+                                 np.asarray(alone_scores[0]), rtol=1e-5, atol=1e-5)
       # Nothing beyond the document's own keys is selectable.
       assert np.all(np.asarray(idx[b, lo:hi, alone_idx.shape[-1]:]) == -1)
 
@@ -75,7 +75,10 @@ def test_pallas_indexer_respects_segments_like_the_reference():
       q, k, w, topk=5, segment_ids=segments, interpret=True, block_q=16, block_l=16,
       query_chunk=16)
   np.testing.assert_array_equal(np.asarray(got_idx), np.asarray(want_idx))
-  np.testing.assert_allclose(np.asarray(got_scores), np.asarray(want_scores), rtol=1e-5)
+  # Scores are fp32 sums in another order (XLA:CPU's blocking differs by host and shape): an
+  # absolute floor of 1e-5 for scores near 0 (ReLU), whose relative error is unbounded.
+  np.testing.assert_allclose(np.asarray(got_scores), np.asarray(want_scores), rtol=1e-5,
+                             atol=1e-5)
   with pytest.raises(ValueError, match="segment_ids"):
     kernels.lightning_indexer(q, k[:, :12], w, topk=5, segment_ids=segments, backend="interpret")
 

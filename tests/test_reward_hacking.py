@@ -373,14 +373,15 @@ ADVERSARIAL_RESPONSES = {  # (response of about 1 MB, gold, expected score)
 
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL_RESPONSES))
 def test_adversarial_math_response_grades_in_bounded_time(name):
-  """About 1 MB of text built to make extraction rescan (20,000 unclosed boxes took about 4
-  minutes before) grades in well under 5 s, with the right score. The bound is loose on
-  purpose (a loaded CI host); linear extraction takes a fraction of a second."""
+  """About 1 MB of text built to make extraction rescan grades with the right score in under
+  30 s. The bound only separates linear from quadratic: 20,000 unclosed boxes took about 4
+  minutes with the quadratic scan (killed at the 60 s worker timeout, so it fails here) and
+  take under a second now, which leaves a loaded CI host 30x headroom."""
   response, gold, expected = ADVERSARIAL_RESPONSES[name]
   assert len(response) <= math_reward.MAX_RESPONSE_CHARS
   math_reward.score("\\boxed{2^{3}}", "8")  # the worker pool's start-up is not the response's
   start = time.monotonic()
-  scores, counts = math_reward.score_batch([response], [gold], timeout_s=2.0)
+  scores, counts = math_reward.score_batch([response], [gold], timeout_s=60.0)
   elapsed = time.monotonic() - start
   assert scores == [expected], counts
-  assert elapsed < 5.0, f"{name}: {elapsed:.1f} s"
+  assert elapsed < 30.0, f"{name}: {elapsed:.1f} s"

@@ -11,12 +11,12 @@ import errno
 import os
 import platform
 import threading
-import time
 import uuid
 
 import pytest
 
 from rl.rewards import sandbox
+from test_sandbox import _assert_nothing_left  # noqa: E402  (tests/ is on sys.path)
 
 needs_bwrap = pytest.mark.skipif(
     sandbox.bwrap_path() is None,
@@ -53,23 +53,6 @@ def _run_attack(body: str, **kwargs) -> sandbox.RunResult:
   return sandbox.run(_PROLOGUE + body, **kwargs)
 
 
-def _pids_with(token: str) -> list[int]:
-  pids = []
-  for entry in filter(str.isdigit, os.listdir("/proc")):
-    try:
-      with open(f"/proc/{entry}/cmdline", "rb") as f:
-        if token.encode() in f.read():
-          pids.append(int(entry))
-    except OSError:
-      continue
-  return pids
-
-
-def _assert_nothing_left(token: str, grace_s: float = 5.0) -> None:
-  deadline = time.monotonic() + grace_s
-  while _pids_with(token) and time.monotonic() < deadline:
-    time.sleep(0.05)
-  assert _pids_with(token) == [], f"processes of run {token} survived it"
 
 
 # ----------------------------------------------------------------------------------------
@@ -116,7 +99,7 @@ def test_children_cannot_sum_past_memory_mb():
                        timeout_s=30.0)
   assert result.status == "memory", result
   assert "HELD 4" not in result.stdout
-  _assert_nothing_left(token)
+  _assert_nothing_left(token, grace_s=5.0)
 
 
 @needs_bwrap
@@ -152,13 +135,13 @@ def test_fork_bomb_is_bounded_and_cleaned_up():
   result = sandbox.run("import os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n"
                        "    pass\n", args=[token], timeout_s=2.0)
   assert result.status in ("timeout", "killed", "runtime_error", "memory"), result
-  _assert_nothing_left(token)
+  _assert_nothing_left(token, grace_s=5.0)
   token = f"forkcount-{uuid.uuid4().hex}"
   result = _run_attack(_COUNT_FORKS, args=[token], max_processes=16, timeout_s=10.0)
   assert "FORK FAILED" in result.stdout, result
   alive = int(result.stdout.split("ALIVE")[1].split()[0])
   assert alive < 16, result.stdout
-  _assert_nothing_left(token)
+  _assert_nothing_left(token, grace_s=5.0)
 
 
 # ----------------------------------------------------------------------------------------
