@@ -118,6 +118,7 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
       warmup_steps=20,
       final_lr_fraction=0.1,  # cosine decay from lr to lr * this
       weight_decay=0.0,
+      grad_clip=1.0,  # global-norm clip of each step's gradient (also the tool warm start)
       log_every=20,
       checkpoint_every=200,  # optimiser steps between checkpoints (and one at the end)
       # DSA models: weight of the indexer KL loss (0 leaves the indexer untrained), and the
@@ -255,7 +256,7 @@ def _validate(c: ml_collections.ConfigDict) -> None:
   for f in ("b1", "b2"):
     if not 0 <= c.optim[f] < 1:
       raise ValueError(f"config.optim.{f}={c.optim[f]!r}: must be in [0, 1)")
-  _positive(c, "sft", "batch_size", "epochs", "lr", "log_every", "checkpoint_every")
+  _positive(c, "sft", "batch_size", "epochs", "lr", "grad_clip", "log_every", "checkpoint_every")
   _non_negative(c, "sft", "warmup_steps", "weight_decay")
   _check_curriculum(c)
   if not 0.0 <= c.sft.carry_slip_rate <= 1.0:

@@ -20,7 +20,6 @@ import dataclasses
 import gzip
 import json
 import os
-import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -48,7 +47,6 @@ CODE_INSTRUCTION = ("Complete the following Python function. Reply with the whol
 # Where a plain completion of a HumanEval prompt leaves the function body (the Codex paper's stop
 # sequences): what follows is the model writing on, not part of the solution.
 CODE_STOP_SEQUENCES = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
-_FENCED_CODE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)(?:```|$)", re.DOTALL)
 
 
 # ======================================================================== Metrics
@@ -283,8 +281,7 @@ def extract_code(response: str, template: str) -> str:
   completion up to the first line that leaves the function body (CODE_STOP_SEQUENCES).
   """
   if template == "chat":
-    block = _FENCED_CODE.search(response)
-    return "\n" + (block.group(1) if block else response)
+    return "\n" + code_reward.program_text(response)
   cut = min((i for i in (response.find(s) for s in CODE_STOP_SEQUENCES) if i >= 0),
             default=len(response))
   return response[:cut]

@@ -187,8 +187,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   total = sum(steps_per_epoch)
   schedule = optax.warmup_cosine_decay_schedule(0.0, s.lr, min(s.warmup_steps, total - 1),
                                                 total, end_value=s.lr * s.final_lr_fraction)
-  optimizer = optax.chain(optax.clip_by_global_norm(1.0),
-                          optax.adamw(schedule, weight_decay=s.weight_decay))
+  optimizer = ts.clipped_adamw(schedule, weight_decay=s.weight_decay, grad_clip=s.grad_clip)
   state = placement.train_state(params, optimizer, offload=c.optim.offload_state)
   params, opt_state = state.params, state.opt_state
   param_shardings, opt_shardings = placement.state_sharding(state)[:2]

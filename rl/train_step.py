@@ -41,8 +41,16 @@ def make_optimizer(*, lr: float, warmup_steps: int, weight_decay: float, grad_cl
   schedule = optax.linear_schedule(0.0, lr, max(warmup_steps, 1))
   schedule = optax.join_schedules([schedule, optax.constant_schedule(lr)],
                                   [max(warmup_steps, 1)])
+  return clipped_adamw(schedule, weight_decay=weight_decay, grad_clip=grad_clip, b1=b1, b2=b2)
+
+
+def clipped_adamw(learning_rate: optax.ScalarOrSchedule, *, weight_decay: float,
+                  grad_clip: float, b1: float = 0.9,
+                  b2: float = 0.999) -> optax.GradientTransformation:
+  """Global-norm clip of the gradient, then AdamW: every optimiser of the project (RL policy and
+  critic, SFT, the tool warm start)."""
   return optax.chain(optax.clip_by_global_norm(grad_clip),
-                     optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
+                     optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay))
 
 
 def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:

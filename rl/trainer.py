@@ -29,7 +29,7 @@ from rl import quant
 from rl.placement import Placement
 from rl import rollout as rollout_lib
 from rl import train_step as ts
-from rl.data.curriculum import PromptCurriculum
+from rl.data.curriculum import PromptCurriculum, domain_of
 from rl.data.entries import encode_prompts, load_entries, prompt_of
 from rl.checkpoint import Checkpointer, MetricsWriter, PreemptionGuard, Preempted
 from rl.checkpoint import save_run_config, workdir_path
@@ -64,7 +64,15 @@ def score_trajectories(traj, entries, tokenizer, cfg, tool_use=None) -> dict[str
     scores = scores + np.asarray(overlong_penalty(
         jnp.asarray(lengths), max_len=cfg.rollout.max_new_tokens, buffer=rl.overlong_buffer,
         factor=rl.overlong_factor))
-  return {"acc": acc, "scores": scores.astype(np.float32), "lengths": lengths, **episode_stats}
+  return {"acc": acc, "scores": scores.astype(np.float32), "lengths": lengths,
+          "kl_coef": kl_coefs(entries, rl), **episode_stats}
+
+
+def kl_coefs(entries, rl) -> np.ndarray:
+  """Each row's KL weight: config.rl.kl_coef_per_domain[its domain] (a generated puzzle's task,
+  else the record's domain: rl.data.curriculum.domain_of), else config.rl.kl_coef."""
+  return np.array([rl.kl_coef_per_domain.get(domain_of(e), rl.kl_coef) for e in entries],
+                  np.float32)
 
 
 def concat_trajectories(parts):
@@ -135,10 +143,11 @@ class Trainer:
     policy = common.build_policy(c, self.placement.mesh)
     self.graphdef, params, self.rest = nnx.split(policy, nnx.Param, ...)
     self.rest = jax.device_put(self.rest, self.placement.replicated)
-    self.optimizer = ts.make_optimizer(lr=c.optim.lr, warmup_steps=c.optim.warmup_steps,
-                                       weight_decay=c.optim.weight_decay,
-                                       grad_clip=c.optim.grad_clip, b1=c.optim.b1,
-                                       b2=c.optim.b2)
+    # Policy and critic share config.optim but for the learning rate.
+    make_optimizer = functools.partial(
+        ts.make_optimizer, warmup_steps=c.optim.warmup_steps, weight_decay=c.optim.weight_decay,
+        grad_clip=c.optim.grad_clip, b1=c.optim.b1, b2=c.optim.b2)
+    self.optimizer = make_optimizer(lr=c.optim.lr)
     self.state = self._train_state(params)
     self.critic = None
     if c.rl.use_critic:
@@ -146,9 +155,7 @@ class Trainer:
                            rngs=nnx.Rngs(params=c.seed + 1))
       self.critic_graphdef, critic_params, self.critic_rest = nnx.split(critic, nnx.Param, ...)
       self.critic_rest = jax.device_put(self.critic_rest, self.placement.replicated)
-      self.critic_optimizer = ts.make_optimizer(
-          lr=c.optim.critic_lr, warmup_steps=c.optim.warmup_steps,
-          weight_decay=c.optim.weight_decay, grad_clip=c.optim.grad_clip)
+      self.critic_optimizer = make_optimizer(lr=c.optim.critic_lr)
       self.critic = self.placement.train_state(critic_params, self.critic_optimizer,
                                                offload=c.optim.offload_state)
     self.start_step = 0
@@ -484,8 +491,7 @@ class Trainer:
         batch["logp_ref"] = np.asarray(to_host(self._ref_logprobs(
             self.ref_params, self.ref_rest, jnp.asarray(tokens), batch.get("routing"),
             batch.get("sample_mask"))))
-      beta = c.rl.kl_coef_per_domain.get(c.data.task, c.rl.kl_coef)
-      batch["kl_coef"] = np.full((len(tokens),), beta, np.float32)
+      batch["kl_coef"] = rewards["kl_coef"]
     return batch
 
   def _sampler_logp_gap(self, batch: dict) -> dict[str, float]:

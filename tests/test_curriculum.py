@@ -218,8 +218,18 @@ def test_uniform_curriculum_draws_what_the_trainer_always_drew():
   entries = records_of({"math": 30})
   cur = curriculum.PromptCurriculum(data_section(), entries, seed=3)
   for step, batch_index in [(0, 0), (5, 2)]:
-    want = np.random.default_rng([3 + batch_index, step]).choice(30, size=8, replace=False)
+    want = np.random.default_rng([3, step, batch_index]).choice(30, size=8, replace=False)
     np.testing.assert_array_equal(cur.draw(step, batch_index, 8), want)
+
+
+def test_uniform_draws_of_different_seeds_are_not_shifted_copies():
+  """Seeds are independent experiments: seed s's generation batch b + 1 must not be seed
+  s + 1's batch b (a key of [seed + batch_index, step] made them equal)."""
+  entries = records_of({"math": 1000})
+  cur = {s: curriculum.PromptCurriculum(data_section(), entries, seed=s) for s in (0, 1)}
+  for step in range(3):
+    assert not np.array_equal(cur[0].draw(step, 1, 16), cur[1].draw(step, 0, 16))
+    assert not np.array_equal(cur[0].draw(step, 0, 16), cur[0].draw(step, 1, 16))
 
 
 def test_staged_curriculum_draws_by_stage_weights():

@@ -33,6 +33,19 @@ def test_mixed_batch_is_graded_by_kind_in_order():
   np.testing.assert_array_equal(acc, [1, 1, 1, 0, 0, float(puzzle["answer"] == "0"), 1])
 
 
+def test_training_and_evaluation_read_the_same_program():
+  """One extractor: a code response is the same program to the training reward and to the
+  evaluation, fenced with a tag, or cut at the length cap before its closing fence."""
+  from rl import evaluation
+  record = {"prompt": "Double the input.", "domain": "code",
+            "tests": [{"input": "3\n", "output": "6\n"}]}
+  program = "print(int(input()) * 2)\n"
+  for response in [f"```python\n{program}```", f"Here:\n``` py\n{program}",
+                   f"```\n{program}```\nDone.", program]:
+    assert evaluation.extract_code(response, "chat") == "\n" + program, response
+    assert manager.score_responses([record], [response])[0] == 1.0, response
+
+
 @pytest.mark.parametrize("record,message", [
     ({"prompt": "p", "domain": "math", "data_source": "src_a"}, "src_a"),
     ({"prompt": "p", "domain": "code", "data_source": "src_b"}, "without tests"),

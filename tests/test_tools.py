@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -304,7 +305,8 @@ def test_warm_start_fits_expert_transcripts(tiny_model):
   assert [i["tool_calls"] for i in infos] == [1] * 4 and all(i["end"] == "answer" for i in infos)
   assert all("awake" in r for row in range(4) for r in tool_segments(traj, row))
   graphdef, params, rest = nnx.split(tiny_model, nnx.Param, ...)
-  _, losses = demonstrations.warm_start(graphdef, params, rest, [traj], steps=6, lr=1e-2)
+  _, losses = demonstrations.warm_start(graphdef, params, rest, [traj], steps=6,
+                                          optimizer=optax.adam(1e-2))
   assert losses[-1] < 0.8 * losses[0]
 
 

@@ -462,3 +462,24 @@ def test_config_kernel_backend_reaches_every_forward(tmp_path, monkeypatch):
   c = small_config(kernel_backend="reference", **{"sft.epochs": 1, "train.steps": 1})
   pipeline.run_sft_then_rl(c, str(tmp_path))
   assert asked and set(asked) == {"reference"}, sorted(set(asked))
+
+
+def test_optimiser_fields_reach_every_optimiser(tmp_path, monkeypatch):
+  """config.optim's clip, betas and weight decay build the policy's and the critic's AdamW
+  (the critic once fell back to optax's betas), config.sft's clip and weight decay SFT's (once
+  a hard-coded clip of 1.0)."""
+  from rl import sft
+  from rl import train_step as ts
+  built = []
+  clipped_adamw = ts.clipped_adamw
+  monkeypatch.setattr(ts, "clipped_adamw", lambda lr, **kw: built.append(kw) or
+                      clipped_adamw(lr, **kw))
+  optim = {"optim.grad_clip": 0.25, "optim.b1": 0.8, "optim.b2": 0.95,
+           "optim.weight_decay": 0.03}
+  Trainer(small_config("vapo", **optim), str(tmp_path / "rl"))
+  want = dict(grad_clip=0.25, b1=0.8, b2=0.95, weight_decay=0.03)
+  assert built == [want, want]  # policy, critic
+  built.clear()
+  sft.run(small_config(**{"sft.epochs": 1, "sft.grad_clip": 0.5, "sft.weight_decay": 0.02,
+                          "sft.dense_warmup_steps": 1}), str(tmp_path / "sft"))
+  assert built == [dict(grad_clip=0.5, weight_decay=0.02)]

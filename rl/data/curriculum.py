@@ -437,7 +437,7 @@ class PromptCurriculum:
     """Indices into `self.entries` of one generation batch of `size` prompts."""
     weights = self.weights(step)
     if weights is None:
-      rng = np.random.default_rng([self.seed + batch_index, step])
+      rng = np.random.default_rng([self.seed, step, batch_index])
       return rng.choice(len(self.entries), size=size, replace=size > len(self.entries))
     counts = domain_counts(weights, list(self.by_domain), size,
                            rng_seed=[self.seed, step, batch_index, 0])

@@ -19,16 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import re
 
 import numpy as np
 
 from rl.rewards import code as code_reward
 from rl.rewards import math as math_reward
 from rl.rewards import puzzles
-
-
-_FENCED = re.compile(r"```[a-zA-Z0-9_+-]*\n(.*?)```", re.DOTALL)
 
 
 def kind_of(entry: Mapping[str, Any]) -> str:
@@ -66,12 +62,6 @@ def code_problem(entry: Mapping[str, Any]) -> code_reward.CodeProblem:
   return code_reward.CodeProblem(tests=tuple(tests))
 
 
-def program_text(response: str) -> str:
-  """The program in a code response: its first fenced block, else the whole text."""
-  match = _FENCED.search(response)
-  return match.group(1) if match else response
-
-
 def score_responses(entries: Sequence[Mapping[str, Any]], responses: Sequence[str], *,
                     workers: int = 2) -> np.ndarray:
   """Accuracy in [0, 1] per (entry, response), grading each kind in one batch."""
@@ -93,7 +83,7 @@ def score_responses(entries: Sequence[Mapping[str, Any]], responses: Sequence[st
                                           num_workers=workers)
       acc[rows] = scores
     else:
-      results = code_reward.grade_batch([program_text(responses[i]) for i in rows],
+      results = code_reward.grade_batch([code_reward.program_text(responses[i]) for i in rows],
                                         [code_problem(entries[i]) for i in rows],
                                         workers=workers)
       acc[rows] = [float(r.all_passed) for r in results]

@@ -74,11 +74,11 @@ def transcripts(rollout: ToolRollout, prompts: Sequence[Sequence[int]],
                      prompt_width=prompt_width)
 
 
-def warm_start(graphdef, params, rest, batches: Sequence[Any], *, steps: int, lr: float,
+def warm_start(graphdef, params, rest, batches: Sequence[Any], *, steps: int,
+               optimizer: optax.GradientTransformation,
                seed: int = 0) -> tuple[Any, list[float]]:
-  """`steps` AdamW steps of the mean next-token loss on assistant tokens, over mini-batches
+  """`steps` `optimizer` steps of the mean next-token loss on assistant tokens, over mini-batches
   drawn from `batches` (Trajectories); returns the new params and the per-step losses."""
-  optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr))
 
   @jax.jit
   def step(params, opt_state, tokens, loss_mask, token_mask):

@@ -12,6 +12,7 @@ from absl import logging
 
 from models.tokenizer import round_up
 from rl import rollout as rollout_lib
+from rl import train_step as ts
 from rl.rewards import sandbox
 from rl.tools import calls, demonstrations, environments, reward
 from rl.tools.rollout import ToolRollout, ToolRolloutConfig
@@ -83,7 +84,8 @@ class ToolUse:
   def warm_start(self, graphdef, params, rest, entries: Sequence[Mapping[str, Any]],
                  prompts: Sequence[Sequence[int]]):
     """Policy params after `config.tools.warm_start_steps` SFT steps on demonstration
-    transcripts of the first training tasks (config.sft: batch_size rows a step, lr)."""
+    transcripts of the first training tasks (config.sft: batch_size rows a step, lr, weight
+    decay and grad clip)."""
     c = self.config
     rows = c.sft.batch_size
     count = min(len(entries), c.tools.warm_start_steps * rows) // rows * rows
@@ -96,9 +98,11 @@ class ToolUse:
           self.rollout, prompts[start:start + rows], entries[start:start + rows],
           prompt_width=self.prompt_width)
       batches.append(traj)
+    optimizer = ts.clipped_adamw(c.sft.lr, weight_decay=c.sft.weight_decay,
+                                 grad_clip=c.sft.grad_clip)
     params, losses = demonstrations.warm_start(graphdef, params, rest, batches,
-                                               steps=c.tools.warm_start_steps, lr=c.sft.lr,
-                                               seed=c.seed)
+                                               steps=c.tools.warm_start_steps,
+                                               optimizer=optimizer, seed=c.seed)
     logging.info("tool warm start: %d steps on %d transcripts, loss %.3f -> %.3f",
                  len(losses), count, losses[0], losses[-1])
     return params
