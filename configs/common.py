@@ -26,9 +26,12 @@ class InputError(ValueError):
 
 
 def model_section(preset: str, **overrides) -> ml_collections.ConfigDict:
-  """Every ModelConfig field of the preset (so each is overridable and typos fail)."""
+  """Every ModelConfig field of the preset (so each is overridable and typos fail) but the
+  kernel backend, which is the run's config.kernel_backend."""
   cfg = get_model_config(preset, **overrides)
-  section = ml_collections.ConfigDict(dataclasses.asdict(cfg))
+  fields = dataclasses.asdict(cfg)
+  del fields["kernel_backend"]
+  section = ml_collections.ConfigDict(fields)
   section.preset = preset
   return section
 
@@ -184,6 +187,8 @@ def _non_negative(c: ml_collections.ConfigDict, section: str, *fields: str) -> N
 def model_config(c: ml_collections.ConfigDict) -> ModelConfig:
   """The ModelConfig named by config.model (its own checks name the field)."""
   fields = {k: v for k, v in c.model.to_dict().items() if k != "preset"}
+  if fields.pop("kernel_backend", "auto") != "auto":
+    raise ValueError("config.model.kernel_backend is not read: set config.kernel_backend")
   fields["kernel_backend"] = c.get("kernel_backend", "auto")
   _allowed("kernel_backend", fields["kernel_backend"], KERNEL_BACKENDS)
   _allowed("model.preset", c.model.preset, sorted(PRESETS))
@@ -217,6 +222,10 @@ def check_paths(c: ml_collections.ConfigDict) -> None:
 
 def _validate(c: ml_collections.ConfigDict) -> None:
   _allowed("job", c.job, JOBS)
+  if c.init_checkpoint and c.job in ("sft", "sft_rl"):
+    raise ValueError(f"config.init_checkpoint={c.init_checkpoint!r} with config.job={c.job!r}: "
+                     "SFT starts from config.init_hf_dir or a random init (sft_rl's RL stage "
+                     "starts from its SFT checkpoint)")
   model_config(c)
   from rl.rewards import puzzles  # deferred: keeps config files importable without rewards
   _allowed("data.source", c.data.source, ("puzzles", "files"))
@@ -349,6 +358,10 @@ def _check_mesh(c: ml_collections.ConfigDict) -> None:
       if size < 1 and not (table == "shape" and size == -1):
         allowed = "positive or -1 (the devices left over)" if table == "shape" else ">= 1"
         raise ValueError(f"config.mesh.{table}.{axis}={size}: must be {allowed}")
+    if sizes.get("sequence", 1) != 1:  # the axis exists for layouts; no stage splits tokens
+      raise ValueError(f"config.mesh.{table}.sequence={sizes['sequence']}: must be 1 (context "
+                       "parallelism is not implemented: each device on the axis would repeat "
+                       "the same work)")
   if list(c.mesh.shape.values()).count(-1) > 1:
     raise ValueError(f"config.mesh.shape={c.mesh.shape.to_dict()}: at most one axis may be -1")
   if c.mesh.devices < 0:
@@ -396,10 +409,8 @@ def build_policy(c: ml_collections.ConfigDict, mesh=None):
   cfg = model_config(c)
   if c.init_hf_dir:
     from models import hf
-    return hf.load_pretrained(c.init_hf_dir, dtype=cfg.dtype, mesh=mesh,
-                              param_dtype=cfg.param_dtype, max_seq_len=cfg.max_seq_len,
-                              remat=cfg.remat, remat_names=cfg.remat_names,
-                              kernel_backend=cfg.kernel_backend)
+    return hf.load_pretrained(c.init_hf_dir, mesh=mesh,
+                              **{f: getattr(cfg, f) for f in _HF_FREE_FIELDS})
   return Transformer(cfg, rngs=nnx.Rngs(params=c.seed))
 
 

@@ -398,7 +398,9 @@ def best_mesh(config, devices: int, device: DeviceSpec) -> Plan:
   `config.mesh.auto=True` uses."""
   from configs import common
   cfg = common.model_config(config)
-  return plan(cfg, workload(config), devices, device, remats=(cfg.remat,))[0]
+  work = workload(config)
+  return plan(cfg, work, devices, device, remats=(cfg.remat,),
+              offload_optimizer=(work.offload_optimizer,))[0]
 
 
 def _gib(n: float) -> str:

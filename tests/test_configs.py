@@ -54,6 +54,10 @@ def test_demo_variants(variant):
     ("mesh.dcn.data", -1, r"config.mesh.dcn.data=-1: must be >= 1"),
     ("kernel_backend", "cuda", r"config.kernel_backend='cuda': must be one of"),
     ("rollout.streaming.max_staleness", -1, r"config.rollout.streaming.max_staleness=-1"),
+    ("mesh.shape.sequence", 2, r"config.mesh.shape.sequence=2: must be 1"),
+    ("mesh.dcn.sequence", 2, r"config.mesh.dcn.sequence=2: must be 1"),
+    ("model.kernel_backend", "tpu", r"config.model.kernel_backend is not read"),
+    ("init_checkpoint", "/ckpt", r"config.init_checkpoint='/ckpt' with config.job='sft_rl'"),
 ])
 def test_bad_values_name_the_field(field, value, message):
   """validate() rejects a bad value with a message naming the field and what is allowed."""
@@ -208,6 +212,12 @@ def test_init_hf_dir_starts_the_policy_from_the_checkpoint(tmp_path):
   common.validate(config)
   tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 264)
   np.testing.assert_allclose(common.build_policy(config)(tokens), saved(tokens), atol=1e-5)
+  # the fields a config chooses freely reach the loaded model (MoE dispatch was dropped)
+  config.model.update(moe_dispatch="dense", router_bias_rate=0.5, remat="full")
+  config.kernel_backend = "reference"
+  loaded = common.build_policy(config).cfg
+  assert (loaded.moe_dispatch, loaded.router_bias_rate, loaded.remat, loaded.kernel_backend) == (
+      "dense", 0.5, "full", "reference")
   config.mesh.shape.fsdp = 8
   with pytest.raises(ValueError, match="config.mesh"):
     common.check_single_device_run(config, "self-play")

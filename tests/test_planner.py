@@ -108,6 +108,11 @@ def test_mesh_auto_takes_the_best_plan():
   assert r["planned"] and r["remat"] == "full" and best.remat == "full"
   assert r["mesh_shape"] == best.mesh
   assert "planned: config.mesh.auto" in "\n".join(dry_run.format_report(r))
+  # ... and for its optimiser placement (the planner once assumed device-resident state)
+  assert not best.offload_optimizer
+  with c.unlocked():
+    c.optim.offload_state = True
+  assert planner.best_mesh(c, 8, planner.DEVICES["h100"]).offload_optimizer
   c.mesh.device_kind = "tpu_v9"
   with pytest.raises(ValueError, match="config.mesh.device_kind='tpu_v9'"):
     common.validate(c)
