@@ -1,5 +1,5 @@
 """Training FLOPs of a decoder LM, used for model FLOPs utilisation (launch/bench_train.py)
-and as the sequence cost model of load balancing (rl/balance.py).
+and the planner's step time (models/planner.py).
 
 Per sequence of length L (forward + backward = 3x the forward's matmul FLOPs):
   dense part:     6 * N_matmul * L, N_matmul = active parameters that multiply activations
@@ -52,17 +52,3 @@ def train_flops(cfg: ModelConfig, lengths) -> dict[str, float]:
   return {"dense": float(dense), "attention": float(attention),
           "total": float(dense + attention)}
 
-
-def cost_coefficients(cfg: ModelConfig) -> tuple[float, float]:
-  """(a, b) of the quadratic cost a * L + b * L^2 that approximates `train_flops` of one
-  sequence (exact for dense causal attention up to the linear half-pair term; under DSA the
-  top-k part is linear for L >> index_topk and the indexer stays quadratic)."""
-  per_pair = 6.0 * cfg.n_layers * _attention_dims(cfg)
-  a = 6.0 * matmul_params(cfg)
-  if cfg.dsa:
-    a += per_pair * cfg.index_topk
-    b = 3.0 * cfg.n_layers * cfg.index_n_heads * cfg.index_head_dim
-  else:
-    a += per_pair / 2
-    b = per_pair / 2
-  return a, b

@@ -63,6 +63,24 @@ def _split_micro(batch: dict, micro_batches: int) -> dict:
   return jax.tree.map(split, batch)
 
 
+# The update's mini-batch (Trainer.build_batch): the fields every update reads, then those a
+# feature adds (keep-routing, keep-sampling-mask, KL to the reference, the critic).
+BATCH_FIELDS = ("tokens", "response_mask", "attention_mask", "logp_old", "advantages", "acc")
+OPTIONAL_BATCH_FIELDS = ("routing", "sample_mask", "logp_ref", "kl_coef", "values", "returns")
+
+
+def check_batch(batch: dict) -> None:
+  """Refuses a mini-batch with an unknown key or without a field every update reads: a misnamed
+  optional key fails here instead of quietly switching its feature off."""
+  unknown = sorted(set(batch) - set(BATCH_FIELDS) - set(OPTIONAL_BATCH_FIELDS))
+  if unknown:
+    raise ValueError(f"update batch: unknown fields {unknown}; known: "
+                     f"{list(BATCH_FIELDS + OPTIONAL_BATCH_FIELDS)}")
+  missing = [k for k in BATCH_FIELDS if k not in batch]  # features' fields: read unguarded
+  if missing:
+    raise ValueError(f"update batch: missing fields {missing}")
+
+
 def global_counts(batch: dict, rl: dict) -> dict:
   """Normalisers of the whole mini-batch (all micro-batches, all data shards)."""
   mask = batch["response_mask"][:, 1:].astype(jnp.float32)
@@ -89,7 +107,7 @@ def policy_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: d
   out = model.forward(batch["tokens"], routing=routing, token_mask=batch["attention_mask"],
                       indexer_stage=stage)
   kept = None
-  if rl["keep_sampling_mask"] and "sample_mask" in batch:
+  if rl["keep_sampling_mask"] and batch.get("sample_mask") is not None:
     kept = unpack_sample_mask(batch["sample_mask"][:, 1:], out.logits.shape[-1])
   logp_all = masked_logprobs(out.logits[:, :-1], temperature=temperature, kept_mask=kept)
   targets = batch["tokens"][:, 1:]
@@ -231,6 +249,7 @@ def make_update(objective: Callable, graphdef, optimizer: optax.GradientTransfor
     state_sharding = state_sharding._replace(opt_state=opt_on_host)
 
   def update(state: TrainState, rest, minibatch: dict):
+    check_batch(minibatch)  # at trace time: a new set of keys traces anew
     if offload_optimizer:
       state = state._replace(opt_state=jax.device_put(state.opt_state, opt_on_device))
     counts = dict(global_counts(minibatch, rl),

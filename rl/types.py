@@ -1,9 +1,10 @@
-"""`Trajectories`: the one record every RL stage reads and extends (DESIGN.md).
+"""`Trajectories`: the rollout engine's record of a batch of sampled sequences (DESIGN.md).
 
 Fixed shapes, padded: B rows (prompt x sample), T token positions (prompt then response).
-The rollout engine fills the first block; the rewarder adds `scores`, `acc`, `token_rewards`;
-the advantage step adds `advantages`, `returns`, `values`. Fields not yet filled are None, so
-the record stays a valid pytree at every stage (None is an empty subtree).
+Rewards (rl/trainer.score_trajectories) and advantages come next to it as per-row arrays; the
+update reads one mini-batch dict whose fields rl/train_step.BATCH_FIELDS lists and
+rl/train_step.check_batch enforces. Optional fields are None when their feature is off, so the
+record stays a valid pytree (None is an empty subtree).
 """
 
 from __future__ import annotations
@@ -28,12 +29,6 @@ class Trajectories:
   truncated: Array  # [B] bool: hit max_new_tokens without stopping
   routing: Optional[Array] = None  # [B, T, layers, k] expert ids used (keep-routing)
   sample_mask: Optional[Array] = None  # packed top-p/top-k kept set per step (keep-sampling-mask)
-  scores: Optional[Array] = None  # [B] shaped outcome reward
-  acc: Optional[Array] = None  # [B] verifier accuracy in [0, 1]
-  token_rewards: Optional[Array] = None  # [B, T]
-  advantages: Optional[Array] = None  # [B, T]
-  returns: Optional[Array] = None  # [B, T] critic targets
-  values: Optional[Array] = None  # [B, T] critic values at sampling time
 
   @property
   def batch_size(self) -> int:

@@ -106,6 +106,6 @@ def test_trajectories_is_a_pytree_with_optional_fields():
                    group_id=np.array([0, 0]), finished=np.array([True, False]),
                    truncated=np.array([False, True]))
   assert len(jax.tree.leaves(t)) == 8  # unset optional fields are empty subtrees
-  t2 = t.replace(scores=np.array([1.0, 0.0]))
-  assert len(jax.tree.leaves(t2)) == 9 and t.scores is None
+  t2 = t.replace(routing=np.zeros((2, 4, 1, 2), np.int32))
+  assert len(jax.tree.leaves(t2)) == 9 and t.routing is None
   np.testing.assert_array_equal(t.response_lengths, [2, 1])
