@@ -1,7 +1,5 @@
 """Prompt selection rules (rl/data/selection.py) on data whose right answer is known."""
 
-import json
-
 import pytest
 
 from rl.data import selection
@@ -30,33 +28,19 @@ def even_verifier(entries, responses):
   return scores
 
 
-def test_rejection_sample_keeps_verified_unique_responses(tmp_path):
-  """Only verified responses are written, each distinct one once, with prompt metadata."""
+def test_keep_verified_keeps_verified_unique_responses():
+  """Only verified responses are kept, each distinct one once, with the prompt's fields."""
   prompts = [record(i, answer=str(i)) for i in range(4)]
-  out = tmp_path / "sft.jsonl"
-  stats = selection.rejection_sample(prompts, fake_generate, even_verifier, n=4,
-                                     out_path=str(out))
+  responses = fake_generate(prompts, 4)
+  scores = [even_verifier([p] * 4, samples) for p, samples in zip(prompts, responses)]
+  kept = selection.keep_verified(prompts, responses, scores)
   # n=4 gives k%3 = 0,1,2,0: correct responses "qi:0" (twice) and "qi:2" for even i.
-  assert stats == {"kept": 4, "total": 16, "prompts": 4, "prompts_with_correct": 2}
-  lines = [json.loads(line) for line in out.read_text().splitlines()]
-  assert [(l["prompt"], l["response"]) for l in lines] == [
+  assert [(r["prompt"], r["response"]) for r in kept] == [
       ("q0", "q0:0"), ("q0", "q0:2"), ("q2", "q2:0"), ("q2", "q2:2")]
-  assert lines[0] == {"prompt": "q0", "response": "q0:0", "data_source": "unit",
-                      "domain": "math", "answer": "0"}
-  assert not (tmp_path / "sft.jsonl.tmp").exists()
-
-
-def test_rejection_sample_batches_agree_and_bad_shapes_fail(tmp_path):
-  """Generating in batches writes the same file; a wrong response count is an error."""
-  prompts = [record(i) for i in range(5)]
-  whole, batched = tmp_path / "whole.jsonl", tmp_path / "batched.jsonl"
-  selection.rejection_sample(prompts, fake_generate, even_verifier, n=3, out_path=str(whole))
-  selection.rejection_sample(prompts, fake_generate, even_verifier, n=3, out_path=str(batched),
-                             batch_size=2)
-  assert whole.read_text() == batched.read_text()
-  with pytest.raises(ValueError, match="2 responses for prompt 0, expected 3"):
-    selection.rejection_sample(prompts, lambda p, n: [["a", "b"]] * len(p), even_verifier,
-                               n=3, out_path=str(tmp_path / "x.jsonl"))
+  assert kept[0] == {"prompt": "q0", "response": "q0:0", "data_source": "unit", "domain": "math",
+                     "answer": "0"}
+  with pytest.raises(ValueError, match=r"scores\[1\] has 3 entries for 4 responses"):
+    selection.keep_verified(prompts, responses, [scores[0], scores[1][:3], *scores[2:]])
 
 
 # ----------------------------------------------------------------------------- Filters
@@ -81,21 +65,6 @@ def test_low_variance_removal():
   assert selection.low_variance_removal(records, rewards) == [records[1], records[3]]
   # std of the last group is 5e-4: a larger min_std removes it too.
   assert selection.low_variance_removal(records, rewards, min_std=1e-3) == [records[1]]
-
-
-def test_pre_ppo_select_normalises_per_domain():
-  """The bottom fraction is taken after per-domain z-scoring, not on raw scores."""
-  # Math scores sit around 100, code around 0: raw bottom-10% would be code only.
-  records = [record(i, "math") for i in range(10)] + [record(i, "code") for i in range(10, 20)]
-  scores = [100.0 + (i * 7) % 10 for i in range(10)] + [0.1 * ((i * 3) % 10) for i in range(10)]
-  kept = selection.pre_ppo_select(records, scores, keep_fraction=0.1)
-  lowest_math = min(range(10), key=lambda i: scores[i])
-  lowest_code = min(range(10, 20), key=lambda i: scores[i])
-  assert kept == [records[lowest_math], records[lowest_code]]
-  assert len(selection.pre_ppo_select(records, scores, keep_fraction=0.5)) == 10
-  assert len(selection.pre_ppo_select(records[:3], scores[:3], keep_fraction=0.1)) == 1
-  with pytest.raises(ValueError, match="keep_fraction"):
-    selection.pre_ppo_select(records, scores, keep_fraction=0.0)
 
 
 # ----------------------------------------------------------------------------- Reference audit

@@ -83,25 +83,67 @@ def test_first_update_on_fresh_data_is_on_policy(demo_run):
 def test_rejection_sampling_from_the_sft_checkpoint_writes_verified_sft_data(demo_run, tmp_path):
   """The rollout engine samples N per prompt from the SFT checkpoint; exactly the responses the
   verifier accepts are written, and the file reads back as SFT examples of its responses."""
-  from rl.data import rejection
+  from rl.data import select
   from rl import sft
   from rl.data import sources
   from rl.rewards import manager
   from models.tokenizer import load_tokenizer
   out = str(tmp_path / "rs.jsonl")
   config = small_config()
-  stats = rejection.sample_and_keep(config, os.path.join(demo_run[0], "sft"), n=4,
-                                    out_path=out, limit=16, batch_prompts=8)
-  assert stats["total"] == 64 and stats["prompts"] == 16
-  assert 0 < stats["kept"] <= stats["total"]
+  stats, outcomes = select.sample_and_select(config, os.path.join(demo_run[0], "sft"),
+                                             rule="rejection", n=4, out_path=out, limit=16,
+                                             batch_prompts=8)
+  assert stats["samples"] == 64 and stats["prompts"] == 16
+  assert 0 < stats["written"] <= stats["correct"] == int(outcomes.accuracies.sum())
+  flat_records = [r for r in outcomes.records for _ in range(4)]
+  flat_responses = [t for samples in outcomes.responses for t in samples]
+  assert manager.score_responses(flat_records, flat_responses).tolist() == (
+      outcomes.accuracies.ravel().tolist())
   records, _ = sources.load_records(out)
-  assert len(records) == stats["kept"]
+  assert len(records) == stats["written"]
   assert len({r["prompt"] for r in records}) == stats["prompts_with_correct"]
   assert manager.score_responses(records, [r["response"] for r in records]).tolist() == [
       1.0] * len(records)
   tokenizer = load_tokenizer("byte")
   examples = sft.sft_examples(records, tokenizer, config.data.prompt_template)
   assert [tokenizer.decode(r) for _, r in examples] == [r["response"] for r in records]
+
+
+def test_select_prompts_launcher_writes_the_worst_of_n_prompts_the_trainer_reads(demo_run,
+                                                                                 tmp_path):
+  """launch/select_prompts.py --rule=worst_of_n on the SFT checkpoint writes the training
+  prompts not solved by all 4 samples (those of an in-process pass with the same seed), which
+  the trainer loads back as its prompts (config.data.source=files)."""
+  import subprocess
+  import sys
+  from rl.data import entries, select
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = str(tmp_path / "hard.jsonl")
+  env = dict(os.environ, JAX_DEFAULT_MATMUL_PRECISION="highest")  # as conftest sets it here
+  done = subprocess.run(
+      [sys.executable, os.path.join(root, "launch", "select_prompts.py"),
+       "--config=" + os.path.join(root, "configs", "demo.py"), *SMALL_FLAGS,
+       "--checkpoint=" + os.path.join(demo_run[0], "sft"), "--rule=worst_of_n", "--n=4",
+       "--limit=16", "--batch_prompts=8", f"--out={out}"],
+      capture_output=True, text=True, env=env, timeout=600, cwd=root)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "worst_of_n: wrote " in done.stdout
+  _, outcomes = select.sample_and_select(small_config(), os.path.join(demo_run[0], "sft"),
+                                         rule="worst_of_n", n=4, out_path=str(tmp_path / "x"),
+                                         limit=16, batch_prompts=8)
+  expected = [r for r, acc in zip(outcomes.records, outcomes.accuracies) if acc.min() < 1.0]
+  assert 0 < len(expected) < 16  # the checkpoint solves some prompts every time, not all
+  heldout = tmp_path / "heldout.jsonl"
+  heldout.write_text(json.dumps({"prompt": "What is 1+1?", "answer": "2"}) + "\n")
+  config = small_config(**{"data.source": "files", "data.train_files": out,
+                           "data.heldout_files": str(heldout), "sft.carry_slip_rate": 0.0})
+  train, _ = entries.load_entries(config)
+  assert [(e["prompt"], e["answer"]) for e in train] == [
+      (r["prompt"], r["answer"]) for r in expected]
+  bad = subprocess.run([sys.executable, os.path.join(root, "launch", "select_prompts.py"),
+                        "--rule=pre_ppo"], capture_output=True, text=True, env=env, timeout=600,
+                       cwd=root)
+  assert bad.returncode != 0 and "flag --rule=pre_ppo: value should be one of" in bad.stderr
 
 
 @pytest.mark.parametrize("algorithm", ["dapo", "vapo", "grpo_v32"])

@@ -1,5 +1,6 @@
 """Prompt selection rules: pure functions of per-prompt sample outcomes that decide which prompts
-an RL (or SFT) run trains on. Each rule's docstring says where it comes from.
+an RL (or SFT) run trains on. Each rule's docstring says where it comes from. rl/data/select.py
+samples the outcomes from a checkpoint and applies one rule (launch/select_prompts.py).
 
 Inputs are aligned with `records` (entry i belongs to records[i]); a length mismatch or an empty
 sample list is a ValueError naming the index, so that a misaligned join fails loudly instead of
@@ -10,8 +11,6 @@ from __future__ import annotations
 
 import collections
 import fractions
-import json
-import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -36,59 +35,31 @@ def _check_samples(samples: Sequence[Any], index: int, name: str) -> None:
 
 # ----------------------------------------------------------------------------- Rejection sampling
 
-def rejection_sample(prompts: Sequence[Record],
-                     generate_fn: Callable[[Sequence[Record], int], Sequence[Sequence[str]]],
-                     verify_fn: Callable[[Sequence[Record], Sequence[str]], Sequence[float]],
-                     *, n: int, out_path: str,
-                     min_score: float = 1.0, batch_size: int | None = None) -> dict[str, int]:
-  """Samples `n` responses per prompt, keeps the verified ones and writes them as SFT jsonl.
+def keep_verified(records: Sequence[Record], responses: Sequence[Sequence[str]],
+                  scores: Sequence[Sequence[float]], *, min_score: float = 1.0) -> list[Record]:
+  """The verified responses as SFT records: each record with one kept "response" added.
 
   Rejection-sampling fine-tuning (Yuan et al., 2023, "Scaling relationship on learning
   mathematical reasoning"); the cold-start and SFT data of Seed-Thinking-v1.5 and
-  DeepSeek-R1 are built this way. `generate_fn(prompts, n)` returns n response strings per
-  prompt; `verify_fn(records, responses)` grades aligned lists in one call (one batch of the
-  verifier, e.g. rl/rewards/manager.py::score_responses) and a response is kept when its score
-  is >= `min_score` (1.0: a correct answer under the 0/1 rewards). Identical correct responses
-  to one prompt are written once. Each line is the record with the kept "response" added (so
-  the file is again a prompt-record file the trainer and SFT read, its grader fields kept).
-  `batch_size` prompts go to `generate_fn` at a time (default: all). The file appears complete
-  or not at all (written beside, then renamed).
-
-  Returns {"kept", "total" (responses sampled), "prompts", "prompts_with_correct"}.
+  DeepSeek-R1 are built this way. `responses[i]` are records[i]'s sampled responses and
+  `scores[i]` their grades (e.g. rl/rewards/manager.py::score_responses); a response is kept
+  when its score is >= `min_score` (1.0: a correct answer under the 0/1 rewards). Identical
+  correct responses to one prompt are kept once. The records keep their grader fields, so the
+  result is again a prompt-record file's rows, which the trainer and SFT read.
   """
-  if n <= 0:
-    raise ValueError(f"n must be positive, got {n}")
-  batch_size = batch_size or max(len(prompts), 1)
-  stats = {"kept": 0, "total": 0, "prompts": len(prompts), "prompts_with_correct": 0}
-  temporary_path = out_path + ".tmp"
-  with open(temporary_path, "w", encoding="utf-8") as f:
-    for start in range(0, len(prompts), batch_size):
-      batch = prompts[start:start + batch_size]
-      responses = generate_fn(batch, n)
-      _check_aligned(batch, responses, "generate_fn output")
-      for offset, samples in enumerate(responses):
-        if len(samples) != n:
-          raise ValueError(f"generate_fn gave {len(samples)} responses for prompt "
-                           f"{start + offset}, expected {n}")
-      flat_records = [record for record in batch for _ in range(n)]
-      flat_responses = [r for samples in responses for r in samples]
-      scores = np.asarray(verify_fn(flat_records, flat_responses), np.float64)
-      if scores.shape != (len(flat_responses),):
-        raise ValueError(f"verify_fn gave {scores.shape} scores for {len(flat_responses)} "
-                         "responses")
-      for offset, (record, samples) in enumerate(zip(batch, responses)):
-        stats["total"] += n
-        row_scores = scores[offset * n:(offset + 1) * n]
-        kept = dict.fromkeys(r for r, score in zip(samples, row_scores) if score >= min_score)
-        stats["kept"] += len(kept)
-        stats["prompts_with_correct"] += bool(kept)
-        for response in kept:
-          f.write(json.dumps({**record, "response": response}, ensure_ascii=False) + "\n")
-  os.replace(temporary_path, out_path)
-  logging.info("rejection sampling: kept %d of %d responses; %d of %d prompts solved -> %s",
-               stats["kept"], stats["total"], stats["prompts_with_correct"], stats["prompts"],
-               out_path)
-  return stats
+  _check_aligned(records, responses, "responses")
+  _check_aligned(records, scores, "scores")
+  kept = []
+  for i, (record, samples, sample_scores) in enumerate(zip(records, responses, scores)):
+    _check_samples(samples, i, "responses")
+    if len(sample_scores) != len(samples):
+      raise ValueError(f"scores[{i}] has {len(sample_scores)} entries for {len(samples)} "
+                       "responses")
+    verified = dict.fromkeys(r for r, score in zip(samples, sample_scores) if score >= min_score)
+    kept.extend({**record, "response": response} for response in verified)
+  logging.info("rejection sampling: kept %d of %d responses", len(kept),
+               sum(len(samples) for samples in responses))
+  return kept
 
 
 # ----------------------------------------------------------------------------- Difficulty filters
@@ -130,41 +101,6 @@ def low_variance_removal(records: Sequence[Record], rewards: Sequence[Sequence[f
       kept.append(record)
   logging.info("low-variance removal: kept %d of %d prompts", len(kept), len(records))
   return kept
-
-
-def pre_ppo_select(records: Sequence[Record], rm_scores: Sequence[float], *,
-                   keep_fraction: float = 0.1) -> list[Record]:
-  """Keeps the `keep_fraction` of prompts with the lowest domain-normalised reward-model score.
-
-  Pre-PPO prompt selection from the RLHF data-scaling study (Shen et al., 2025, "Exploring data
-  scaling trends and effects in RLHF"): prompts on which the SFT policy's responses score low
-  under the reward model are the challenging ones worth PPO's compute; the paper keeps the
-  bottom 10%. Reward scales differ between task domains, so scores are z-scored within each
-  record's `domain` first (a domain with one prompt or constant scores gets 0). Keeps
-  round(keep_fraction * len(records)) prompts, at least one; ties go to the earlier record.
-  Returns the kept records in their original order.
-  """
-  _check_aligned(records, rm_scores, "rm_scores")
-  if not 0.0 < keep_fraction <= 1.0:
-    raise ValueError(f"keep_fraction must be in (0, 1], got {keep_fraction}")
-  if not records:
-    return []
-  scores = np.asarray(rm_scores, dtype=np.float64)
-  if not np.all(np.isfinite(scores)):
-    raise ValueError(f"rm_scores[{int(np.argmin(np.isfinite(scores)))}] is not finite")
-  by_domain: dict[str, list[int]] = collections.defaultdict(list)
-  for i, record in enumerate(records):
-    by_domain[record.get("domain", "math")].append(i)
-  normalized = np.zeros_like(scores)
-  for indices in by_domain.values():
-    domain_scores = scores[indices]
-    std = domain_scores.std()
-    if std > 0:
-      normalized[indices] = (domain_scores - domain_scores.mean()) / std
-  count = max(1, round(keep_fraction * len(records)))
-  chosen = np.sort(np.argsort(normalized, kind="stable")[:count])
-  logging.info("pre-PPO selection: kept %d of %d prompts", count, len(records))
-  return [records[i] for i in chosen]
 
 
 # ----------------------------------------------------------------------------- Reference audit

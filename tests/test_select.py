@@ -1,0 +1,111 @@
+"""Prompt selection through rl/data/select.py with stubbed generation and grading: one sampling
+pass reaches each rule of rl/data/selection.py and writes the hand-computed records, as prompt
+records the trainer's reader loads back."""
+
+import pytest
+
+from rl.data import select, sources
+
+ANSWERS = {"q0": "5", "q1": "7", "q2": "2", "q3": "4", "q4": "2"}
+RESPONSES = {
+    "q0": ["\\boxed{5}"] * 4,  # always solved
+    "q1": ["\\boxed{7}", "\\boxed{3}", "\\boxed{7}", "\\boxed{7}"],  # solved 3 of 4
+    "q2": ["\\boxed{9}"] * 4,  # never solved; all samples agree on 9: the reference looks wrong
+    "q3": ["\\boxed{1}", "\\boxed{2}", "no idea", "The answer is 1."],  # never solved; 1 at 50%
+    "q4": ["print(1)"] * 4,  # a code record: its "1"s are not math answers, never audited
+}
+
+
+def records():
+  rows = [{"prompt": p, "answer": a, "data_source": "unit", "domain": "math"}
+          for p, a in ANSWERS.items()]
+  rows[4]["domain"] = "code"
+  return rows
+
+
+def stub_generate(batch, n):
+  assert n == 4
+  return [RESPONSES[r["prompt"]] for r in batch]
+
+
+def stub_verify(entries, responses):
+  """Correct when the response boxes the reference answer (one flat batch, as the manager)."""
+  return [float(response == f"\\boxed{{{entry['answer']}}}")
+          for entry, response in zip(entries, responses)]
+
+
+def run(tmp_path, rule, **options):
+  out = str(tmp_path / f"{rule}.jsonl")
+  stats, outcomes = select.select_prompts(records(), stub_generate, stub_verify, rule=rule, n=4,
+                                          out_path=out, batch_size=2, **options)
+  written, _ = sources.load_records(out)
+  return written, stats, outcomes
+
+
+def test_one_pass_gives_accuracies_and_math_answers(tmp_path):
+  _, stats, outcomes = run(tmp_path, "worst_of_n")
+  assert outcomes.accuracies.tolist() == [[1, 1, 1, 1], [1, 0, 1, 1], [0] * 4, [0] * 4, [0] * 4]
+  assert outcomes.answers[:4] == [["5"] * 4, ["7", "3", "7", "7"], ["9"] * 4,
+                                  ["1", "2", None, "1"]]
+  assert outcomes.answers[4] == [None] * 4
+  assert stats == {"prompts": 5, "samples": 20, "correct": 7, "prompts_with_correct": 2,
+                   "prompts_all_correct": 1, "written": 4}
+
+
+def test_rejection_writes_unique_verified_responses(tmp_path):
+  written, stats, _ = run(tmp_path, "rejection")
+  assert [(r["prompt"], r["response"]) for r in written] == [("q0", "\\boxed{5}"),
+                                                             ("q1", "\\boxed{7}")]
+  assert written[0]["answer"] == "5" and stats["written"] == 2
+
+
+def test_worst_of_n_drops_the_always_solved_prompt(tmp_path):
+  written, _, _ = run(tmp_path, "worst_of_n")
+  assert [r["prompt"] for r in written] == ["q1", "q2", "q3", "q4"]
+  assert "response" not in written[0]
+
+
+def test_low_variance_keeps_only_prompts_whose_accuracy_varies(tmp_path):
+  written, _, _ = run(tmp_path, "low_variance")
+  assert [r["prompt"] for r in written] == ["q1"]
+
+
+def test_audit_writes_confident_disagreements_with_their_answers(tmp_path):
+  written, _, _ = run(tmp_path, "audit")
+  assert [(r["prompt"], r["answer"], r["sampled_answers"]) for r in written] == [
+      ("q2", "2", ["9"] * 4)]
+  written, _, _ = run(tmp_path, "audit", audit_threshold=0.5)
+  assert [r["prompt"] for r in written] == ["q2", "q3"]
+
+
+def test_batches_agree_and_bad_shapes_fail():
+  whole = select.sample_outcomes(records(), stub_generate, stub_verify, n=4)
+  batched = select.sample_outcomes(records(), stub_generate, stub_verify, n=4, batch_size=3)
+  assert whole.responses == batched.responses and whole.answers == batched.answers
+  assert whole.accuracies.tolist() == batched.accuracies.tolist()
+
+  def short_of_q2(batch, n):
+    return [samples[:3] if r["prompt"] == "q2" else samples
+            for r, samples in zip(batch, stub_generate(batch, n))]
+
+  with pytest.raises(ValueError, match="3 responses for prompt 2, expected 4"):
+    select.sample_outcomes(records(), short_of_q2, stub_verify, n=4, batch_size=2)
+  with pytest.raises(ValueError, match="scores for 20 responses"):
+    select.sample_outcomes(records(), stub_generate, lambda e, r: [1.0], n=4)
+
+
+def test_unknown_rule_is_one_line_naming_it_before_sampling(tmp_path):
+  def must_not_sample(batch, n):
+    raise AssertionError("sampled before the rule was checked")
+
+  with pytest.raises(ValueError) as error:
+    select.select_prompts(records(), must_not_sample, stub_verify, rule="pre_ppo", n=4,
+                          out_path=str(tmp_path / "x.jsonl"))
+  message = str(error.value)
+  assert "'pre_ppo'" in message and "\n" not in message
+  assert all(rule in message for rule in select.RULES)
+  assert not (tmp_path / "x.jsonl").exists()
+  # The model-loading entry point checks the rule before it reads the checkpoint.
+  with pytest.raises(ValueError, match="unknown selection rule 'best_of_n'"):
+    select.sample_and_select(None, str(tmp_path / "no_checkpoint"), rule="best_of_n", n=4,
+                             out_path=str(tmp_path / "y.jsonl"))
