@@ -226,7 +226,9 @@ def _validate(c: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.init_checkpoint={c.init_checkpoint!r} with config.job={c.job!r}: "
                      "SFT starts from config.init_hf_dir or a random init (sft_rl's RL stage "
                      "starts from its SFT checkpoint)")
-  model_config(c)
+  if c.rl.indexer_coef and not model_config(c).dsa:
+    raise ValueError(f"config.rl.indexer_coef={c.rl.indexer_coef}: the model has no DSA indexer "
+                     "to train (config.model.dsa=False); set it to 0")
   from rl.rewards import puzzles  # deferred: keeps config files importable without rewards
   _allowed("data.source", c.data.source, ("puzzles", "files"))
   _allowed("data.task", c.data.task, sorted(puzzles.TASKS))

@@ -10,7 +10,8 @@ decoupled GAE with lambda_critic = 1 and length-adaptive lambda_policy (alpha 0.
 critic lr 2e-6 after warm-up, value clip 0.5) on math prompts, scaled to one host: 128 prompts x
 16 samples per step (paper: 512 x 16) and responses of up to 3072 tokens (paper: 20480; 2048 for
 7B, whose policy and critic states leave less room for activations on 80 GB GPUs). The critic is
-the policy's trunk with a scalar head, initialised from the same checkpoint.
+the policy's architecture with a scalar head, randomly initialised: the trainer does not load a
+trunk into it (the paper starts the value model from a reward model).
 
 Prompt files: records with `prompt` and `answer` (rl/data/sources.py), as for
 configs/qwen2_5_math_dapo.py. Parameters are float32 (bf16 compute) so that lr 1e-6 steps are not

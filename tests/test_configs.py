@@ -170,6 +170,16 @@ def test_launcher_reports_bad_config_and_typos():
   assert typo.returncode != 0 and "clip_hihg" in typo.stderr
 
 
+def test_indexer_loss_needs_an_indexer():
+  """config.rl.indexer_coef on a model without DSA is refused before anything is built."""
+  c = common.base_config(preset="tiny_dense", algorithm="dapo")
+  c.rl.overlong_buffer = 0
+  common.validate(c)
+  c.rl.indexer_coef = 0.1
+  with pytest.raises(ValueError, match=r"config.rl.indexer_coef=0.1: the model has no DSA"):
+    common.validate(c)
+
+
 def test_mesh_allows_one_open_axis():
   """At most one mesh axis may take the devices left over (-1)."""
   config = load(os.path.join(ROOT, "configs", "demo.py"))
