@@ -29,6 +29,7 @@ from flax import nnx
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from kernels import ROW_AXES
 from models.config import get_config
 from models.transformer import Transformer
 
@@ -36,9 +37,13 @@ from models.transformer import Transformer
 # has size 1, so meshes that do not name it are laid out exactly as before it existed.
 MESH_AXES = ("data", "fsdp", "expert", "sequence", "tensor")
 
+# The mesh axes a batch's rows split over: the "batch" rule below, the trainer's placement, the
+# dry run and the kernels' shard_map (which defines them: kernels sit below models).
+BATCH_AXES = ROW_AXES
+
 # logical axis -> mesh axes it may be sharded over (in order).
 DEFAULT_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("batch", ("data", "fsdp", "expert")),
+    ("batch", BATCH_AXES),
     ("length", ("sequence",)),
     ("vocab", ("tensor",)),
     ("embed", ("fsdp",)),
