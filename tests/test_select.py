@@ -1,6 +1,6 @@
-"""Prompt selection through rl/data/select.py with stubbed generation and grading: one sampling
-pass reaches each rule of rl/data/selection.py and writes the hand-computed records, as prompt
-records the trainer's reader loads back."""
+"""Prompt selection through rl/data/select.py with scripted responses, graded by an exact
+boxed-answer check: one sampling pass reaches each rule of rl/data/selection.py and writes the
+hand-computed records, as prompt records the trainer's reader loads back."""
 
 import pytest
 
@@ -23,12 +23,12 @@ def records():
   return rows
 
 
-def stub_generate(batch, n):
+def scripted_generate(batch, n):
   assert n == 4
   return [RESPONSES[r["prompt"]] for r in batch]
 
 
-def stub_verify(entries, responses):
+def boxed_verify(entries, responses):
   """Correct when the response boxes the reference answer (one flat batch, as the manager)."""
   return [float(response == f"\\boxed{{{entry['answer']}}}")
           for entry, response in zip(entries, responses)]
@@ -36,8 +36,8 @@ def stub_verify(entries, responses):
 
 def run(tmp_path, rule, **options):
   out = str(tmp_path / f"{rule}.jsonl")
-  stats, outcomes = select.select_prompts(records(), stub_generate, stub_verify, rule=rule, n=4,
-                                          out_path=out, batch_size=2, **options)
+  stats, outcomes = select.select_prompts(records(), scripted_generate, boxed_verify, rule=rule,
+                                          n=4, out_path=out, batch_size=2, **options)
   written, _ = sources.load_records(out)
   return written, stats, outcomes
 
@@ -79,19 +79,19 @@ def test_audit_writes_confident_disagreements_with_their_answers(tmp_path):
 
 
 def test_batches_agree_and_bad_shapes_fail():
-  whole = select.sample_outcomes(records(), stub_generate, stub_verify, n=4)
-  batched = select.sample_outcomes(records(), stub_generate, stub_verify, n=4, batch_size=3)
+  whole = select.sample_outcomes(records(), scripted_generate, boxed_verify, n=4)
+  batched = select.sample_outcomes(records(), scripted_generate, boxed_verify, n=4, batch_size=3)
   assert whole.responses == batched.responses and whole.answers == batched.answers
   assert whole.accuracies.tolist() == batched.accuracies.tolist()
 
   def short_of_q2(batch, n):
     return [samples[:3] if r["prompt"] == "q2" else samples
-            for r, samples in zip(batch, stub_generate(batch, n))]
+            for r, samples in zip(batch, scripted_generate(batch, n))]
 
   with pytest.raises(ValueError, match="3 responses for prompt 2, expected 4"):
-    select.sample_outcomes(records(), short_of_q2, stub_verify, n=4, batch_size=2)
+    select.sample_outcomes(records(), short_of_q2, boxed_verify, n=4, batch_size=2)
   with pytest.raises(ValueError, match="scores for 20 responses"):
-    select.sample_outcomes(records(), stub_generate, lambda e, r: [1.0], n=4)
+    select.sample_outcomes(records(), scripted_generate, lambda e, r: [1.0], n=4)
 
 
 def test_unknown_rule_is_one_line_naming_it_before_sampling(tmp_path):
@@ -99,7 +99,7 @@ def test_unknown_rule_is_one_line_naming_it_before_sampling(tmp_path):
     raise AssertionError("sampled before the rule was checked")
 
   with pytest.raises(ValueError) as error:
-    select.select_prompts(records(), must_not_sample, stub_verify, rule="pre_ppo", n=4,
+    select.select_prompts(records(), must_not_sample, boxed_verify, rule="pre_ppo", n=4,
                           out_path=str(tmp_path / "x.jsonl"))
   message = str(error.value)
   assert "'pre_ppo'" in message and "\n" not in message
