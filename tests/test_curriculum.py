@@ -1,11 +1,11 @@
-"""Curricula (rl/data/curriculum.py): schedules, adaptation, difficulty, mixture, and resume."""
+"""Curricula (rl/data/curriculum.py): schedules, adaptation, difficulty, the prompt draw, and resume."""
 
 import json
 
 import numpy as np
 import pytest
 
-from rl.data import curriculum, sources
+from rl.data import curriculum
 
 
 def json_round_trip(state):
@@ -125,49 +125,30 @@ def test_difficulty_for_puzzles_uses_task_levels():
     curriculum.DifficultyCurriculum({"maze": 3}, start={"maze": 99})
 
 
-# ----------------------------------------------------------------------------- Mixture
+# ----------------------------------------------------------------------------- Domain counts
 
-def domain_records():
-  rows = ([{"prompt": f"math{i}", "domain": "math"} for i in range(7)]
-          + [{"prompt": f"code{i}", "domain": "code"} for i in range(5)]
-          + [{"prompt": f"logic{i}", "domain": "logic"} for i in range(4)])
-  return [sources.normalize_record(row, default_source="unit") for row in rows]
-
-
-def test_mixture_counts_follow_weights():
+def test_domain_counts_follow_weights():
   """Counts sum to the batch, are floor/ceil of batch * w, and average to batch * w."""
-  mixture = curriculum.Mixture.from_records(domain_records(), seed=0)
   weights = {"math": 0.5, "code": 0.3, "logic": 0.2}
-  batch_size = 7
-  all_counts = np.array([[mixture.counts(step, weights, batch_size)[d]
-                          for d in ("math", "code", "logic")] for step in range(3000)])
-  assert np.all(all_counts.sum(1) == batch_size)
+  domains = ["math", "code", "logic"]
+  all_counts = np.array([[curriculum.domain_counts(weights, domains, 7, rng_seed=[0, step])[d]
+                          for d in domains] for step in range(3000)])
+  assert np.all(all_counts.sum(1) == 7)
   exact = np.array([3.5, 2.1, 1.4])
   assert np.all((all_counts == np.floor(exact)) | (all_counts == np.ceil(exact)))
   np.testing.assert_allclose(all_counts.mean(0), exact, atol=0.05)
-  assert mixture.counts(5, weights, batch_size) == mixture.counts(5, weights, batch_size)
-
-
-def test_mixture_draws_from_weighted_domains_only():
-  """Records come from the domains with weight; a weighted domain without records fails."""
-  mixture = curriculum.Mixture.from_records(domain_records(), seed=1)
-  batch = mixture.next_batch(0, {"code": 1.0, "math": 0.0}, 5)
-  assert sorted(r["prompt"] for r in batch) == [f"code{i}" for i in range(5)]
-  batch = mixture.next_batch(1, {"math": 0.5, "logic": 0.5}, 4)
-  assert sorted(r["domain"] for r in batch) == ["logic", "logic", "math", "math"]
   with pytest.raises(ValueError, match="without records: \\['general'\\]"):
-    mixture.next_batch(2, {"general": 1.0}, 4)
+    curriculum.domain_counts({"general": 1.0}, domains, 4, rng_seed=0)
 
 
 # ----------------------------------------------------------------------------- Resume
 
-def drive(adaptation, difficulty, mixture, schedule, steps):
+def drive(adaptation, difficulty, schedule, steps):
   """Runs a few curriculum steps, returning every decision made."""
   decisions = []
   for step in steps:
     weights = {d: w * schedule.weights(step).get(d, 0.0) for d, w in adaptation.weights().items()}
-    batch = mixture.next_batch(step, weights, 6)
-    decisions.append((weights, [r["prompt"] for r in batch], dict(difficulty.levels)))
+    decisions.append((weights, dict(difficulty.levels)))
     accuracy = {d: (step * 0.07 + 0.1 * i) % 1.0 for i, d in enumerate(("math", "code", "logic"))}
     adaptation.update(accuracy)
     difficulty.update({"maze": accuracy["logic"]})
@@ -177,7 +158,6 @@ def drive(adaptation, difficulty, mixture, schedule, steps):
 def make_curricula():
   return (curriculum.OnlineAdaptation(["math", "code", "logic"]),
           curriculum.DifficultyCurriculum({"maze": 5}, threshold=0.5, window=2),
-          curriculum.Mixture.from_records(domain_records(), seed=3),
           curriculum.StagedSchedule([(0, {"code": 1.0, "logic": 1.0}),
                                      (4, {"code": 1.0, "math": 1.0, "logic": 1.0})]))
 
@@ -194,7 +174,7 @@ def test_state_round_trip_gives_identical_decisions():
   assert drive(*restored, steps=range(7, 20)) == expected
   fresh = make_curricula()
   assert drive(*fresh, steps=range(7, 20)) != expected
-  assert any(levels["maze"] > 0 for _, _, levels in expected)
+  assert any(levels["maze"] > 0 for _, levels in expected)
 
 
 # ----------------------------------------------------------------------------- PromptCurriculum
@@ -212,24 +192,48 @@ def records_of(counts):
           for i in range(n)]
 
 
-def test_uniform_curriculum_draws_what_the_trainer_always_drew():
-  """No curriculum: the draw is the seeded uniform choice without replacement, so existing runs
-  (and their resumes) draw the same prompts as before the curriculum existed."""
+def test_uniform_draw_reads_every_entry_once_per_epoch():
+  """No curriculum: each epoch (30 entries, drawn in batches that straddle epoch boundaries)
+  holds every entry exactly once, each epoch in a new order, the same for the same seed; an
+  i.i.d. draw (the trainer's former one) repeats and misses entries and fails this."""
   entries = records_of({"math": 30})
-  cur = curriculum.PromptCurriculum(data_section(), entries, seed=3)
-  for step, batch_index in [(0, 0), (5, 2)]:
-    want = np.random.default_rng([3, step, batch_index]).choice(30, size=8, replace=False)
-    np.testing.assert_array_equal(cur.draw(step, batch_index, 8), want)
+
+  def draws(seed):
+    cur = curriculum.PromptCurriculum(data_section(), entries, seed=seed)
+    return np.concatenate([cur.draw(step, b, 8) for step in range(5) for b in range(3)])
+
+  drawn = draws(3)
+  epochs = drawn[:90].reshape(3, 30)
+  for epoch in epochs:
+    assert sorted(epoch) == list(range(30))
+  assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[0], np.arange(30))
+  np.testing.assert_array_equal(draws(3), drawn)
+  assert not np.array_equal(draws(4)[:30], epochs[0])
+
+
+def test_uniform_draw_resumes_mid_epoch():
+  """A curriculum restored from the state (through JSON) of one that drew 2.5 batches' worth
+  draws exactly what the original draws next; a fresh one does not."""
+  entries = records_of({"math": 20})
+  cur = curriculum.PromptCurriculum(data_section(), entries, seed=0)
+  for batch_index in range(3):
+    cur.draw(0, batch_index, 6)
+  restored = curriculum.PromptCurriculum(data_section(), entries, seed=0)
+  restored.load_state_dict(json_round_trip(cur.state_dict()))
+  expected = [cur.draw(1, b, 6) for b in range(4)]
+  np.testing.assert_array_equal([restored.draw(1, b, 6) for b in range(4)], expected)
+  fresh = curriculum.PromptCurriculum(data_section(), entries, seed=0)
+  assert not np.array_equal(fresh.draw(1, 0, 6), expected[0])
 
 
 def test_uniform_draws_of_different_seeds_are_not_shifted_copies():
-  """Seeds are independent experiments: seed s's generation batch b + 1 must not be seed
-  s + 1's batch b (a key of [seed + batch_index, step] made them equal)."""
+  """Seeds are independent experiments: seed 0's second batch must not be seed 1's first (a
+  key of [seed + batch_index, step] once made them equal)."""
   entries = records_of({"math": 1000})
   cur = {s: curriculum.PromptCurriculum(data_section(), entries, seed=s) for s in (0, 1)}
-  for step in range(3):
-    assert not np.array_equal(cur[0].draw(step, 1, 16), cur[1].draw(step, 0, 16))
-    assert not np.array_equal(cur[0].draw(step, 0, 16), cur[0].draw(step, 1, 16))
+  first = {s: cur[s].draw(0, 0, 16) for s in (0, 1)}
+  assert not np.array_equal(cur[0].draw(0, 1, 16), first[1])
+  assert not np.array_equal(first[0], first[1])
 
 
 def test_staged_curriculum_draws_by_stage_weights():

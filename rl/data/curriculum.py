@@ -5,10 +5,9 @@
 * `OnlineAdaptation`: domain weights from recent per-domain accuracy (rule in its docstring).
 * `DifficultyCurriculum`: one difficulty level per puzzle task, raised once the task's accuracy
   clears a threshold over a window.
-* `Mixture`: draws each batch's records from per-domain record streams by the current weights,
-  deterministically in (seed, step).
 * `PromptCurriculum`: what the RL trainer draws its prompts through (config.data.curriculum):
-  uniform, difficulty-raising, staged or online domain weights over its training entries.
+  uniform, difficulty-raising, staged or online domain weights over its training entries,
+  each pool of entries read in epochs (grain: a fresh seeded permutation per epoch).
 
 Every object has `state_dict()` (JSON-serialisable, for the checkpoint's JSON record) and
 `load_state_dict(d)`; an object restored from a state makes the same decisions as the original.
@@ -21,10 +20,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import grain
 import numpy as np
 from absl import logging
 
-from rl.data import sources
 
 
 def _normalized(weights: Mapping[str, float], what: str) -> dict[str, float]:
@@ -272,70 +271,6 @@ def domain_counts(weights: Mapping[str, float], domains: Sequence[str], batch_si
   return {domain: int(c) for domain, c in zip(domains, counts)}
 
 
-class Mixture:
-  """Batches drawn from per-domain record streams by domain weights, reproducibly.
-
-  `streams` maps a domain to a grain IterDataset of single records (`sources.make_record_stream`;
-  `Mixture.from_records` builds them). `next_batch(step, weights, batch_size)` gives each domain
-  floor(batch_size * w) records, hands the remaining slots out by systematic sampling over the
-  fractional parts (so a domain's count is floor or ceil of batch_size * w and its expectation is
-  exactly batch_size * w), and interleaves the batch by a permutation; all randomness comes from
-  numpy's generator seeded with (seed, step). The records themselves are the next ones of each
-  domain's stream, whose positions the state dict holds.
-  """
-
-  def __init__(self, streams: Mapping[str, Any], *, seed: int):
-    if not streams:
-      raise ValueError("Mixture needs at least one domain stream")
-    self.seed = seed
-    self.domains = sorted(streams)
-    self._streams = {domain: streams[domain] for domain in self.domains}
-    self._iterators = {domain: iter(self._streams[domain]) for domain in self.domains}
-
-  @classmethod
-  def from_records(cls, records: Sequence[Mapping[str, Any]], *, seed: int, **stream_kwargs
-                   ) -> Mixture:
-    """Groups `records` by `domain`, one shuffled endless stream each (`make_record_stream`
-    keyword arguments: shard_index, shard_count, template, tokenizer)."""
-    by_domain: dict[str, list] = collections.defaultdict(list)
-    for record in records:
-      by_domain[record["domain"]].append(record)
-    streams = {}
-    for domain, domain_records in by_domain.items():
-      domain_seed = seed + sources.DOMAINS.index(domain)  # distinct shuffles per domain
-      streams[domain] = sources.make_record_stream(domain_records, seed=domain_seed,
-                                                   **stream_kwargs)
-    return cls(streams, seed=seed)
-
-  def counts(self, step: int, weights: Mapping[str, float], batch_size: int) -> dict[str, int]:
-    """Records per domain in step `step`'s batch (see the class docstring)."""
-    return domain_counts(weights, self.domains, batch_size, rng_seed=[self.seed, step, 0])
-
-  def next_batch(self, step: int, weights: Mapping[str, float],
-                 batch_size: int) -> list[dict[str, Any]]:
-    """The `batch_size` records of step `step`, drawn by `weights` (normalised here)."""
-    if batch_size <= 0:
-      raise ValueError(f"batch_size must be positive, got {batch_size}")
-    batch = []
-    for domain, count in self.counts(step, weights, batch_size).items():
-      batch.extend(next(self._iterators[domain]) for _ in range(count))
-    order = np.random.default_rng([self.seed, step, 1]).permutation(len(batch))
-    return [batch[i] for i in order]
-
-  def state_dict(self) -> dict[str, Any]:
-    return {"seed": self.seed,
-            "streams": {domain: it.get_state() for domain, it in self._iterators.items()}}
-
-  def load_state_dict(self, state: Mapping[str, Any]) -> None:
-    if sorted(state["streams"]) != self.domains:
-      raise ValueError(f"checkpointed domains {sorted(state['streams'])} differ from "
-                       f"{self.domains}")
-    self.seed = int(state["seed"])
-    for domain, stream_state in state["streams"].items():
-      self._iterators[domain] = iter(self._streams[domain])
-      self._iterators[domain].set_state(stream_state)
-
-
 # ----------------------------------------------------------------------------- The trainer's
 
 CURRICULA = ("", "difficulty", "staged", "online")
@@ -365,18 +300,28 @@ def parse_stages(text: str) -> list[tuple[int, dict[str, float]]]:
   return stages
 
 
+def epoch_order(size: int, seed: int) -> grain.MapDataset:
+  """Positions 0, 1, 2, ... -> indices into a pool of `size`: each block of `size` positions (an
+  epoch) is a fresh permutation derived from `seed` (grain shuffles, then repeats endlessly), read
+  by random access, so the order needs no state beyond how many positions were consumed."""
+  return grain.MapDataset.range(size).shuffle(seed=seed).repeat()
+
+
 class PromptCurriculum:
   """Which training entries each RL generation batch draws, per config.data.curriculum:
 
-  * "": uniformly without replacement, deterministic in (seed, step, generation batch).
-  * "difficulty" (generated puzzles): the task's level starts at config.data.difficulty and
-    rises when the step accuracy averages >= curriculum_threshold over curriculum_window steps
-    (`DifficultyCurriculum`); the training set is then generated afresh at the new level (its
-    own seed; any prompt also in `exclude`, the held-out set, removed).
+  * "": every entry once per epoch, in a fresh seeded permutation each epoch (`epoch_order`).
+  * "difficulty" (generated puzzles): the same order over the task's entries; the level starts
+    at config.data.difficulty and rises when the step accuracy averages >=
+    curriculum_threshold over curriculum_window steps (`DifficultyCurriculum`); the training set
+    is then generated afresh at the new level (its own seed; any prompt also in `exclude`, the
+    held-out set, removed) and read from a new first epoch.
   * "staged": domain weights from config.data.curriculum_stages ("0:code=1;200:code=1,math=1",
     `StagedSchedule`); "online": weights from recent per-domain accuracy (`OnlineAdaptation`).
-    Each batch takes `domain_counts` of each domain, uniformly within it.
+    Each batch takes `domain_counts` of each domain, each domain read in its own epochs, and
+    interleaves them by a permutation seeded by (seed, step, generation batch).
 
+  `draw` consumes positions of the epoch orders: the count consumed per pool is the draw state.
   `observe(entries, acc)` feeds a step's verifier accuracy of every sampled response (before any
   dynamic-sampling filter, which would bias it); `state_dict()` goes into the checkpoint's JSON
   record, so a resumed run draws exactly the prompts of an uninterrupted one.
@@ -405,16 +350,31 @@ class PromptCurriculum:
     self._index()
 
   def _index(self) -> None:
-    self.by_domain: dict[str, np.ndarray] = collections.defaultdict(list)
+    """Pools of entry indices (one, "", without domain weights; else one per domain), each
+    with its epoch order, read from its first position."""
+    by_domain: dict[str, list[int]] = collections.defaultdict(list)
     for i, entry in enumerate(self.entries):
-      self.by_domain[domain_of(entry)].append(i)
-    self.by_domain = {d: np.asarray(v) for d, v in sorted(self.by_domain.items())}
+      by_domain[domain_of(entry)].append(i)
+    self.by_domain = {d: np.asarray(v) for d, v in sorted(by_domain.items())}
     if self.schedule is not None:
       named = {d for _, weights in self.schedule.stages for d, w in weights.items() if w > 0}
       missing = sorted(named - set(self.by_domain))
       if missing:
         raise ValueError(f"config.data.curriculum_stages names domains {missing} without "
                          f"training entries (have {', '.join(self.by_domain)})")
+    weighted = self.schedule is not None or self.adaptation is not None
+    self.pools = dict(self.by_domain) if weighted else {"": np.arange(len(self.entries))}
+    self.orders = {}
+    for k, (name, pool) in enumerate(self.pools.items()):
+      seed = int(np.random.SeedSequence([self.seed, k]).generate_state(1)[0])
+      self.orders[name] = epoch_order(len(pool), seed)
+    self.consumed = dict.fromkeys(self.pools, 0)
+
+  def _take(self, pool: str, count: int) -> np.ndarray:
+    start = self.consumed[pool]
+    self.consumed[pool] += count
+    order = self.orders[pool]
+    return self.pools[pool][[order[k] for k in range(start, start + count)]]
 
   def _regenerate(self, level: int) -> None:
     from rl.data.entries import prompt_of
@@ -434,20 +394,15 @@ class PromptCurriculum:
     return None
 
   def draw(self, step: int, batch_index: int, size: int) -> np.ndarray:
-    """Indices into `self.entries` of one generation batch of `size` prompts."""
+    """Indices into `self.entries` of one generation batch of `size` prompts: the next ones of
+    each pool's epoch order (see the class docstring)."""
     weights = self.weights(step)
     if weights is None:
-      rng = np.random.default_rng([self.seed, step, batch_index])
-      return rng.choice(len(self.entries), size=size, replace=size > len(self.entries))
+      return self._take("", size)
     counts = domain_counts(weights, list(self.by_domain), size,
                            rng_seed=[self.seed, step, batch_index, 0])
-    picked = []
-    for k, (domain, count) in enumerate(counts.items()):
-      pool = self.by_domain[domain]
-      rng = np.random.default_rng([self.seed, step, batch_index, k + 1])
-      picked.append(rng.choice(pool, size=count, replace=count > len(pool)))
-    order = np.random.default_rng([self.seed, step, batch_index, 0, 1]).permutation(size)
-    return np.concatenate(picked)[order]
+    picked = np.concatenate([self._take(domain, count) for domain, count in counts.items()])
+    return picked[np.random.default_rng([self.seed, step, batch_index, 1]).permutation(size)]
 
   def observe(self, step: int, entries: Sequence[Mapping[str, Any]],
               acc: np.ndarray) -> dict[str, float]:
@@ -466,7 +421,7 @@ class PromptCurriculum:
     return metrics
 
   def state_dict(self) -> dict[str, Any]:
-    state: dict[str, Any] = {"mode": self.mode}
+    state: dict[str, Any] = {"mode": self.mode, "consumed": dict(self.consumed)}
     if self.difficulty is not None:
       state["difficulty"] = self.difficulty.state_dict()
     if self.adaptation is not None:
@@ -484,3 +439,5 @@ class PromptCurriculum:
         self._regenerate(self.difficulty.level(self.data.task))
     if self.adaptation is not None:
       self.adaptation.load_state_dict(state["adaptation"])
+    self.consumed.update({pool: int(n) for pool, n in state.get("consumed", {}).items()
+                          if pool in self.consumed})

@@ -1,5 +1,5 @@
-"""Prompt records from jsonl / parquet files (and TFDS when installed), and the grain pipeline
-that shuffles, shards, batches and checkpoints them.
+"""Prompt records from jsonl / parquet files (and TFDS when installed). The RL trainer draws
+them in grain's epoch order (rl/data/curriculum.py `PromptCurriculum`).
 
 A record is a plain dict. Canonical fields, filled in by `normalize_record`:
 
@@ -32,11 +32,9 @@ import pathlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import grain
 from absl import logging
 
 from configs.common import InputError
-from rl.data import templates
 
 DOMAINS = ("math", "code", "logic", "general")
 PROMPT_ALIASES = ("prompt", "question", "problem")
@@ -234,62 +232,3 @@ def load_records(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
     stats.loaded_by_file[path] = loaded
     stats.skipped_by_file[path] = skipped
   return records, stats
-
-
-# ----------------------------------------------------------------------------- Grain pipeline
-
-# The records are in memory: reader threads would only contend for the GIL (grain's advice).
-_READ_OPTIONS = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
-
-
-def _prepared(records: Sequence[dict[str, Any]], *, seed: int, shard_index: int,
-              shard_count: int, template: str, tokenizer: Any | None) -> grain.MapDataset:
-  """This shard's records, each with `text` (and `prompt_ids` given a tokenizer), shuffled."""
-  if not 0 <= shard_index < shard_count:
-    raise ValueError(f"shard_index {shard_index} outside 0..{shard_count - 1}")
-  templates.check_template(template, tokenizer)
-  dataset = grain.MapDataset.source(list(records))[shard_index::shard_count]
-  if len(dataset) == 0:
-    raise ValueError(f"shard {shard_index} of {shard_count} is empty: only {len(records)} "
-                     "records")
-
-  def prepare(record: dict[str, Any]) -> dict[str, Any]:
-    prepared = dict(record, text=templates.render(record, template, tokenizer))
-    if tokenizer is not None:
-      prepared["prompt_ids"] = templates.encode(record, template, tokenizer)
-    return prepared
-
-  return dataset.map(prepare).shuffle(seed=seed)
-
-
-def make_prompt_loader(records: Sequence[dict[str, Any]], *, batch_size: int, seed: int,
-                       shard_index: int = 0, shard_count: int = 1, num_epochs: int | None = None,
-                       template: str = "plain", tokenizer: Any | None = None,
-                       drop_remainder: bool = False) -> grain.IterDataset:
-  """Batches (lists of record dicts) of this host's shard, shuffled by `seed`, checkpointable.
-
-  Host `shard_index` of `shard_count` reads records[shard_index::shard_count]: the shards are
-  disjoint and together cover every record (their sizes differ by at most one). Each epoch is a
-  new permutation derived from `seed`; `num_epochs=None` repeats forever, and batches run across
-  epoch boundaries. Each record gains `text` (the prompt under `template`) and, with a
-  tokenizer, `prompt_ids`. `it = iter(loader)`; `it.get_state()` is a small JSON-ready dict, and
-  a fresh iterator given it by `set_state` yields exactly the batches that would have followed.
-  """
-  if batch_size <= 0:
-    raise ValueError(f"batch_size must be positive, got {batch_size}")
-  if num_epochs is not None and num_epochs <= 0:
-    raise ValueError(f"num_epochs must be positive or None, got {num_epochs}")
-  dataset = _prepared(records, seed=seed, shard_index=shard_index, shard_count=shard_count,
-                      template=template, tokenizer=tokenizer)
-  dataset = dataset.repeat(num_epochs).batch(batch_size, drop_remainder=drop_remainder,
-                                             batch_fn=list)
-  return dataset.to_iter_dataset(_READ_OPTIONS)
-
-
-def make_record_stream(records: Sequence[dict[str, Any]], *, seed: int, shard_index: int = 0,
-                       shard_count: int = 1, template: str = "plain",
-                       tokenizer: Any | None = None) -> grain.IterDataset:
-  """An endless, shuffled, checkpointable stream of single records (one domain of a Mixture)."""
-  dataset = _prepared(records, seed=seed, shard_index=shard_index, shard_count=shard_count,
-                      template=template, tokenizer=tokenizer)
-  return dataset.repeat(None).to_iter_dataset(_READ_OPTIONS)
