@@ -27,13 +27,32 @@ class InputError(ValueError):
 
 def model_section(preset: str, **overrides) -> ml_collections.ConfigDict:
   """Every ModelConfig field of the preset (so each is overridable and typos fail) but the
-  kernel backend, which is the run's config.kernel_backend."""
-  cfg = get_model_config(preset, **overrides)
-  fields = dataclasses.asdict(cfg)
+  kernel backend, which is the run's config.kernel_backend. The preset's name is not kept:
+  `describe_model` names the preset a config matches and the fields that differ."""
+  fields = dataclasses.asdict(get_model_config(preset, **overrides))
   del fields["kernel_backend"]
-  section = ml_collections.ConfigDict(fields)
-  section.preset = preset
-  return section
+  return ml_collections.ConfigDict(fields)
+
+
+def closest(values: dict, named: dict[str, dict]) -> str:
+  """The name in `named` whose fields `values` matches on most, with the fields that differ:
+  "dapo" or "dapo (clip_high=0.3, kl_coef=0.01)"."""
+  def changes(name):
+    return [f"{k}={v!r}" for k, v in values.items() if named[name].get(k) != v]
+  name = min(named, key=lambda n: len(changes(n)))
+  return name + (f" ({', '.join(changes(name))})" if changes(name) else "")
+
+
+def describe_model(c: ml_collections.ConfigDict) -> str:
+  """config.model as the closest preset and the fields that differ from it."""
+  presets = {p: dataclasses.asdict(get_model_config(p)) for p in sorted(PRESETS)}
+  return closest(c.model.to_dict(), presets)
+
+
+def describe_rl(c: ml_collections.ConfigDict) -> str:
+  """config.rl as the closest recipe (rl/algorithms.py) and the fields that differ from it."""
+  return closest(c.rl.to_dict(),
+                 {r: algorithms.recipe(r) for r in sorted(algorithms.RECIPES)})
 
 
 def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
@@ -186,12 +205,11 @@ def _non_negative(c: ml_collections.ConfigDict, section: str, *fields: str) -> N
 
 def model_config(c: ml_collections.ConfigDict) -> ModelConfig:
   """The ModelConfig named by config.model (its own checks name the field)."""
-  fields = {k: v for k, v in c.model.to_dict().items() if k != "preset"}
+  fields = c.model.to_dict()
   if fields.pop("kernel_backend", "auto") != "auto":
     raise ValueError("config.model.kernel_backend is not read: set config.kernel_backend")
   fields["kernel_backend"] = c.get("kernel_backend", "auto")
   _allowed("kernel_backend", fields["kernel_backend"], KERNEL_BACKENDS)
-  _allowed("model.preset", c.model.preset, sorted(PRESETS))
   try:
     return ModelConfig(**fields)
   except ValueError as e:
@@ -258,10 +276,6 @@ def _validate(c: ml_collections.ConfigDict) -> None:
         f"config.rollout.max_new_tokens={c.rollout.max_new_tokens} (the penalty ramps over the "
         "last overlong_buffer tokens; 0 turns it off)")
   _non_negative(c, "rl", "kl_coef")
-  for domain, beta in c.rl.kl_coef_per_domain.items():
-    if not (beta >= 0 and math.isfinite(beta)):
-      raise ValueError(f"config.rl.kl_coef_per_domain[{domain!r}]={beta!r}: must be >= 0 and "
-                       "finite")
   _positive(c, "optim", "lr", "critic_lr", "grad_clip")
   _non_negative(c, "optim", "warmup_steps", "weight_decay")
   for f in ("b1", "b2"):
@@ -414,20 +428,6 @@ def build_policy(c: ml_collections.ConfigDict, mesh=None):
     return hf.load_pretrained(c.init_hf_dir, mesh=mesh,
                               **{f: getattr(cfg, f) for f in _HF_FREE_FIELDS})
   return Transformer(cfg, rngs=nnx.Rngs(params=c.seed))
-
-
-def check_single_device_run(c: ml_collections.ConfigDict, job: str) -> None:
-  """Jobs that keep the policy on one device (O1-Coder self-play, rl/search) refuse the
-  settings they would otherwise ignore. The RL trainer and SFT run on config.mesh
-  (rl/placement.py)."""
-  sizes = {k: v for k, v in c.mesh.shape.to_dict().items() if v not in (1, -1)}
-  dcn = {k: v for k, v in c.mesh.dcn.to_dict().items() if v != 1}
-  for field, bad in (("mesh", sizes or dcn), ("mesh.auto", c.mesh.auto),
-                     ("optim.offload_state", c.optim.offload_state),
-                     ("rollout.streaming.enabled", c.rollout.streaming.enabled)):
-    if bad:
-      raise ValueError(f"config.{field}={bad!r}: {job} runs the policy on one device; leave "
-                       f"config.{field} at its default")
 
 
 QWEN_SIZES = {"1.5b": "qwen2.5-1.5b", "7b": "qwen2.5-7b"}

@@ -29,7 +29,7 @@ from models import cache as cache_lib
 from models import memory
 from models import remat as remat_lib
 from models import sharding as sharding_lib
-from models.config import ModelConfig, get_config
+from models.config import ModelConfig
 from rl import train_step as ts
 
 GiB = 2**30
@@ -188,9 +188,8 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   param_bytes = memory.tree_bytes(params, param_shardings)
   replicated = _replicated_params(params, param_shardings, mesh)
   out: dict[str, Any] = {
-      "model": config.model.preset + ("" if cfg == get_config(config.model.preset)
-                                      else " (fields overridden)"),
-      "algorithm": config.rl.algorithm,
+      "model": common.describe_model(config),
+      "algorithm": common.describe_rl(config),
       "mesh_shape": dict(mesh.shape),
       "devices": int(mesh.size),
       "local_devices": len(devices),

@@ -54,7 +54,7 @@ def main(argv):
   plans = planner.plan(cfg, work, devices, device, remats=_REMATS.value.split(","),
                        offload_optimizer=offload)
   fitting = sum(p.fits for p in plans)
-  print(f"{config.model.preset}: {devices} x {device.name} "
+  print(f"{common.describe_model(config)}: {devices} x {device.name} "
         f"({device.hbm_bytes / 2**30:.0f} GiB HBM, {planner.USABLE_HBM_FRACTION:.0%} usable); "
         f"{work.sequences} sequences x {work.length} tokens per step in {work.mini_batches} x "
         f"{work.micro_batches} micro-batches, rollouts of {work.rollout_sequences} sequences; "

@@ -19,7 +19,6 @@ REWARD_MODES = ("verify", "dapo")
 
 # Every recipe starts from these and changes what its paper changes.
 BASE: dict[str, Any] = dict(
-    algorithm="grpo",
     estimator="grpo",
     gamma=1.0,
     lam=1.0,  # GAE lambda of the policy's advantages
@@ -31,7 +30,9 @@ BASE: dict[str, Any] = dict(
     loss_agg_mode="token-mean",
     kl_coef=0.0,  # beta; 0 skips the reference model entirely
     kl_kind="k3",
-    kl_coef_per_domain={},  # {data source: beta} overrides kl_coef (DeepSeek-V3.2)
+    # "domain=beta,...": a row's beta by its domain (a puzzle's task, else the record's
+    # domain), overriding kl_coef (DeepSeek-V3.2); `kl_coefs_by_domain` parses it.
+    kl_coef_per_domain="",
     entropy_coef=0.0,
     use_critic=False,
     critic_warmup_steps=0,  # value pretraining steps before any actor update (VAPO)
@@ -73,8 +74,26 @@ RECIPES: dict[str, dict[str, Any]] = {
 def recipe(name: str) -> dict[str, Any]:
   """The full `rl` section for a named recipe."""
   if name not in RECIPES:
-    raise ValueError(f"config.rl.algorithm={name!r}: must be one of {sorted(RECIPES)}")
-  return {**BASE, **RECIPES[name], "algorithm": name}
+    raise ValueError(f"RL recipe {name!r}: must be one of {sorted(RECIPES)}")
+  return {**BASE, **RECIPES[name]}
+
+
+def kl_coefs_by_domain(text: str) -> dict[str, float]:
+  """"math=0.01,code=0" -> {"math": 0.01, "code": 0.0}; ValueError naming a bad item (each beta
+  finite and >= 0, each domain once)."""
+  betas = {}
+  for item in filter(None, (i.strip() for i in text.split(","))):
+    domain, sep, beta = (p.strip() for p in item.partition("="))
+    try:
+      value = float(beta)
+    except ValueError:
+      value = None
+    if not sep or not domain or domain in betas or value is None or not (
+        value >= 0 and value != float("inf")):
+      raise ValueError(f"config.rl.kl_coef_per_domain={text!r}: {item!r} is not domain=beta "
+                       "(each domain once, beta finite and >= 0)")
+    betas[domain] = value
+  return betas
 
 
 def validate_rl(rl: Any) -> None:
@@ -83,7 +102,6 @@ def validate_rl(rl: Any) -> None:
     value = rl[field]
     if value not in allowed:
       raise ValueError(f"config.rl.{field}={value!r}: must be one of {list(allowed)}")
-  check("algorithm", sorted(RECIPES))
   check("estimator", ESTIMATORS)
   check("loss_agg_mode", AGG_MODES)
   check("kl_kind", KL_KINDS)
@@ -98,5 +116,6 @@ def validate_rl(rl: Any) -> None:
     raise ValueError("config.rl.estimator='gae' needs config.rl.use_critic=True")
   if rl["ppo_epochs"] < 1:
     raise ValueError(f"config.rl.ppo_epochs={rl['ppo_epochs']}: must be >= 1")
+  kl_coefs_by_domain(rl["kl_coef_per_domain"])
   if rl["max_num_gen_batches"] < 1:
     raise ValueError(f"config.rl.max_num_gen_batches={rl['max_num_gen_batches']}: must be >= 1")

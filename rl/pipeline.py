@@ -18,6 +18,7 @@ import ml_collections
 from absl import logging
 from etils import epath
 
+from configs import common
 from rl import sft
 from rl.checkpoint import workdir_path
 from rl.trainer import Trainer
@@ -68,12 +69,12 @@ def run_sft_then_rl(config: ml_collections.ConfigDict, workdir: str | os.PathLik
   results = {"sft_heldout_acc": sft_acc, "rl_heldout_acc": rl_acc,
              "heldout_size": len(trainer.heldout_entries),
              "wall_s": sft_metrics["sft/wall_s"] + trainer.wall_s(),
-             "algorithm": config.rl.algorithm, "task": config.data.task}
+             "algorithm": common.describe_rl(config), "task": config.data.task}
   (workdir / "results.json").write_text(json.dumps(results, indent=1))
   plot_learning_curve(workdir / "rl" / "metrics.jsonl", workdir / "learning_curve.png",
                       sft_acc=sft_acc, task=config.data.task)
   table = (f"\n| checkpoint | held-out accuracy ({results['heldout_size']} problems) |\n"
-           f"| --- | --- |\n| SFT | {sft_acc:.3f} |\n| RL ({config.rl.algorithm}) | {rl_acc:.3f} |\n"
+           f"| --- | --- |\n| SFT | {sft_acc:.3f} |\n| RL ({results['algorithm']}) | {rl_acc:.3f} |\n"
            f"wall time {results['wall_s']:.0f} s; results in {workdir}/results.json")
   print(table)
   return results

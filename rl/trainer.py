@@ -24,6 +24,7 @@ from models.sharding import to_host
 from models.tokenizer import load_tokenizer
 from models.transformer import Transformer
 from rl import advantages as adv_lib
+from rl import algorithms
 from rl import losses
 from rl import quant
 from rl.placement import Placement
@@ -69,10 +70,11 @@ def score_trajectories(traj, entries, tokenizer, cfg, tool_use=None) -> dict[str
 
 
 def kl_coefs(entries, rl) -> np.ndarray:
-  """Each row's KL weight: config.rl.kl_coef_per_domain[its domain] (a generated puzzle's task,
-  else the record's domain: rl.data.curriculum.domain_of), else config.rl.kl_coef."""
-  return np.array([rl.kl_coef_per_domain.get(domain_of(e), rl.kl_coef) for e in entries],
-                  np.float32)
+  """Each row's KL weight: its domain's beta in config.rl.kl_coef_per_domain (a generated
+  puzzle's task, else the record's domain: rl.data.curriculum.domain_of), else
+  config.rl.kl_coef."""
+  betas = algorithms.kl_coefs_by_domain(rl.kl_coef_per_domain)
+  return np.array([betas.get(domain_of(e), rl.kl_coef) for e in entries], np.float32)
 
 
 def concat_trajectories(parts):

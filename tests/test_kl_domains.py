@@ -16,13 +16,13 @@ from rl.rewards import puzzles
 from rl.trainer import kl_coefs, score_trajectories
 from rl.types import Trajectories
 
-BETAS = {"math": 0.1, "addition": 0.5}
+BETAS = "math=0.1, addition=0.5"
 
 
 def _config():
   c = common.base_config()
   c.rl.kl_coef = 0.01
-  c.rl.kl_coef_per_domain = dict(BETAS)
+  c.rl.kl_coef_per_domain = BETAS
   return c
 
 
@@ -60,7 +60,7 @@ def test_kl_term_weighs_each_row_by_its_beta():
   model = build("tiny_moe_mla_dsa", seed=0)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   rl = algorithms.recipe("grpo")
-  rl.update(kl_kind="k1", kl_coef=0.01, kl_coef_per_domain=dict(BETAS), indexer_coef=0.0,
+  rl.update(kl_kind="k1", kl_coef=0.01, kl_coef_per_domain=BETAS, indexer_coef=0.0,
             loss_agg_mode="seq-mean-token-mean", offpolicy_mask_delta=0.0)
   rng = np.random.default_rng(0)
   width = 12
@@ -72,7 +72,7 @@ def test_kl_term_weighs_each_row_by_its_beta():
            "logp_old": np.zeros((2, width), np.float32),
            "advantages": np.zeros((2, width), np.float32),
            "logp_ref": rng.normal(-5.0, 1.0, (2, width)).astype(np.float32),
-           "kl_coef": np.array([BETAS["math"], BETAS["addition"]], np.float32)}
+           "kl_coef": np.array([0.1, 0.5], np.float32)}
   counts = {"num_tokens": jnp.float32(response[:, 1:].sum()), "num_seqs": jnp.float32(2),
             "micro_batches": jnp.float32(1)}
 

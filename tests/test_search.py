@@ -166,6 +166,31 @@ def test_search_config_checks(tmp_path):
     selfplay.run(config, str(tmp_path))
 
 
+def test_self_play_refuses_the_fields_it_would_ignore():
+  """Self-play has no dynamic sampling, reference model, critic, mesh or prompt files: a config
+  that sets any of them is refused naming each such field, before anything is built; the fields
+  it reads pass."""
+  from configs import o1_coder
+  config = o1_coder.get_config("test")
+  selfplay.refuse_unread(config)
+  config.rl.clip_high = 0.28
+  config.optim.lr = 1e-3
+  selfplay.refuse_unread(config)
+  for field, value in [("rl.dynamic_sampling", True), ("rl.kl_coef", 0.04),
+                       ("rl.kl_coef_per_domain", "code=0.1"), ("mesh.shape.fsdp", 2),
+                       ("optim.offload_state", True), ("rollout.streaming.enabled", True),
+                       ("data.train_files", "x.jsonl"), ("init_hf_dir", "/ckpt"),
+                       ("rollout.top_p", 0.9), ("train.micro_batches", 2)]:
+    bad = o1_coder.get_config("test")
+    section, _, key = field.rpartition(".")
+    node = bad
+    for part in filter(None, section.split(".")):
+      node = node[part]
+    node[key] = value
+    with pytest.raises(ValueError, match=f"does not read config\\.{field}="):
+      selfplay.refuse_unread(bad)
+
+
 # ----------------------------------------------------------------------------- Tasks, paths
 
 

@@ -35,6 +35,7 @@ from configs import common
 from models.tokenizer import load_tokenizer
 from models.transformer import Transformer
 from rl import advantages as adv_lib
+from rl import algorithms
 from rl import rollout as rollout_lib
 from rl import train_step as ts
 from rl.rewards import code as code_reward
@@ -240,12 +241,47 @@ def _model(config: ml_collections.ConfigDict, *, head: str, seed: int) -> Transf
   return Transformer(cfg, rngs=nnx.Rngs(params=seed))
 
 
+# What self-play reads of a config; every other field must keep its neutral value (the `rl`
+# section: rl/algorithms.BASE, every RL feature off; the others: common.base_config's), so a
+# setting self-play would ignore (dynamic sampling, a reference model's KL, a critic, a mesh,
+# prompt files, ...) is refused rather than silently not run.
+SELF_PLAY_READS = (
+    "job", "seed", "tokenizer", "kernel_backend", "model.", "o1.",
+    "optim.lr", "optim.warmup_steps", "optim.weight_decay", "optim.grad_clip", "optim.b1",
+    "optim.b2", "rollout.max_new_tokens", "rollout.temperature", "rollout.prompt_bucket",
+    "train.steps", "train.prompts_per_step", "train.samples_per_prompt", "train.log_every",
+    "sft.lr", "rl.clip_low", "rl.clip_high", "rl.clip_c", "rl.loss_agg_mode",
+    "rl.entropy_coef", "rl.nll_coef", "rl.offpolicy_mask_delta", "rl.indexer_coef")
+
+
+def _leaves(d, prefix=""):
+  """(dotted field, value) of every leaf."""
+  for key, value in d.items():
+    if isinstance(value, dict):
+      yield from _leaves(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value
+
+
+def refuse_unread(c: ml_collections.ConfigDict) -> None:
+  """ValueError naming every field self-play would ignore that is not at its neutral value."""
+  neutral = dict(_leaves(common.base_config().to_dict()))
+  neutral.update({f"rl.{k}": v for k, v in algorithms.BASE.items()})
+  unread = [f"config.{field}={value!r} (self-play: {neutral[field]!r})"
+            for field, value in _leaves(c.to_dict())
+            if not any(field == r or (r.endswith(".") and field.startswith(r))
+                       for r in SELF_PLAY_READS) and value != neutral[field]]
+  if unread:
+    raise ValueError(f"O1-Coder self-play (config.job='o1_coder') does not read "
+                     f"{', '.join(unread)}: set them to self-play's values or use the RL trainer")
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """The O1-Coder pipeline on generated tasks (module docstring); returns the results."""
   c = config
   o = c.o1
   common.validate(c)
-  common.check_single_device_run(c, "O1-Coder self-play (config.job='o1_coder')")
+  refuse_unread(c)
   os.makedirs(workdir, exist_ok=True)
   t_start = time.perf_counter()
   tokenizer = load_tokenizer(c.tokenizer)
