@@ -78,8 +78,8 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
   # local kind; one of planner.DEVICES), keeping config.model.remat and
   # config.optim.offload_state.
   c.mesh = ml_collections.ConfigDict(dict(
-      shape=dict(data=-1, fsdp=1, expert=1, sequence=1, tensor=1),
-      dcn=dict(data=1, fsdp=1, expert=1, sequence=1, tensor=1),
+      shape=dict(data=-1, fsdp=1, expert=1, tensor=1),
+      dcn=dict(data=1, fsdp=1, expert=1, tensor=1),
       auto=False, devices=0, device_kind="",
   ))
 
@@ -374,10 +374,6 @@ def _check_mesh(c: ml_collections.ConfigDict) -> None:
       if size < 1 and not (table == "shape" and size == -1):
         allowed = "positive or -1 (the devices left over)" if table == "shape" else ">= 1"
         raise ValueError(f"config.mesh.{table}.{axis}={size}: must be {allowed}")
-    if sizes.get("sequence", 1) != 1:  # the axis exists for layouts; no stage splits tokens
-      raise ValueError(f"config.mesh.{table}.sequence={sizes['sequence']}: must be 1 (context "
-                       "parallelism is not implemented: each device on the axis would repeat "
-                       "the same work)")
   if list(c.mesh.shape.values()).count(-1) > 1:
     raise ValueError(f"config.mesh.shape={c.mesh.shape.to_dict()}: at most one axis may be -1")
   if c.mesh.devices < 0:

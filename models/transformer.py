@@ -92,7 +92,8 @@ class Transformer(nnx.Module):
               num_new: jax.Array | None = None, routing: jax.Array | None = None,
               token_mask: jax.Array | None = None, kernel_backend: str | None = None,
               moe_dispatch: str | None = None,
-              indexer_stage: str | None = None) -> ModelOutput:
+              indexer_stage: str | None = None,
+              head_at: jax.Array | None = None) -> ModelOutput:
     """Runs the model.
 
     Args:
@@ -112,6 +113,9 @@ class Transformer(nnx.Module):
       moe_dispatch: override cfg.moe_dispatch ("ragged" or "dense").
       indexer_stage: DSA training only: "dense_warmup" or "sparse" adds the indexer KL loss
         (summed over layers and the tokens of `token_mask`) to the output.
+      head_at: int32 [B]: the head runs at row b's position head_at[b] only, so logits (values)
+        are [B, 1, V] ([B, 1]): a prefill needs the last prompt position's, and the full
+        [B, T, V] vocabulary projection would cost T times the FLOPs and memory.
     """
     cfg = self.cfg
     kernel_backend = kernel_backend or cfg.kernel_backend
@@ -166,6 +170,8 @@ class Transformer(nnx.Module):
       if "index_topk" in aux:
         index_topk.append(aux["index_topk"])
         index_scores.append(aux["index_scores"])
+    if head_at is not None:
+      x = x[jnp.arange(batch), head_at][:, None]
     x = self.final_norm(x)
 
     logits = values = None

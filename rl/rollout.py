@@ -183,8 +183,8 @@ def _engine_fn(graphdef, spec: _EngineSpec):
       seq_safe = jnp.where(valid, seq, 0)
       lens = jnp.where(valid, context_lens[seq_safe], 1)
       out = model.forward(context_ids[seq_safe], cache=init_cache(rows, prompt_width),
-                          num_new=lens)
-      last_logits = out.logits[jnp.arange(rows), lens - 1]
+                          num_new=lens, head_at=lens - 1)
+      last_logits = out.logits[:, 0]
       c = dict(c)
       c["cache"] = _scatter_cache_rows(c["cache"], out.cache, slot_idx)
       c["slot_seq"] = c["slot_seq"].at[slot_idx].set(seq, mode="drop")

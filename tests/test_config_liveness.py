@@ -2,8 +2,7 @@
 
 Each leaf field (dotted name, e.g. "rl.clip_high", "mesh.shape.data") is claimed by exactly one
 of: a probe of this file (PROBES: the field's changed value, the context it matters in and the
-observation that must differ), an existing behavioural test (EXISTING), or NOT_COVERED with the
-reason. `test_every_field_is_claimed_once` fails on a field nobody claims, so a new config field
+observation that must differ) or NOT_COVERED with the reason. `test_every_field_is_claimed_once` fails on a field nobody claims, so a new config field
 needs a liveness proof (or a stated reason) before it can land.
 
 The probes observe, from the default and the changed config:
@@ -15,7 +14,7 @@ The probes observe, from the default and the changed config:
            every jitted function of rl/sft.py lowered instead of run;
   and host-side outputs of the code that reads the field (the Trainer's prompts, rewards,
   advantages, batches, generation batches, update loop, run loop, curriculum draws, stream,
-  tool set-up, mesh, initial parameters, launcher dispatch, dry-run report).
+  tool set-up, mesh, initial parameters, launcher dispatch).
 A field that is read nowhere, or whose change changes nothing, fails its probe.
 """
 
@@ -41,11 +40,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ======================================================================== Fields
 
 def leaf_fields(c, prefix="") -> list[str]:
-  """Dotted names of every leaf of a ConfigDict (a dict-valued field such as
-  rl.kl_coef_per_domain is one leaf when it is empty)."""
+  """Dotted names of every leaf of a ConfigDict."""
   out = []
   for key, value in c.items():
-    if isinstance(value, ml_collections.ConfigDict) and len(value):
+    if isinstance(value, ml_collections.ConfigDict):
       out += leaf_fields(value, f"{prefix}{key}.")
     else:
       out.append(prefix + key)
@@ -203,7 +201,7 @@ PROBES = {
     "rl.reward_mode": ("score", "verify", {}),
     "rl.overlong_buffer": ("score", 2, {}),
     "rl.overlong_factor": ("score", 2.0, {}),
-    "rl.kl_coef_per_domain": ("score", {"addition": 0.5}, {}),
+    "rl.kl_coef_per_domain": ("score", "addition=0.5", {}),
     "rl.estimator": ("advantages", "rloo", {}),
     "rl.gamma": ("advantages", 0.5, {"rl.estimator": "reinforce_pp"}),
     "rl.lam": ("advantages", 0.5, GAE),
@@ -256,19 +254,6 @@ PROBES = {
     "init_hf_dir": ("init", "{hf_dir}", {"model.rope_interleave": True}),  # as exported
     "model.init_std": ("init", 0.5, {}),
     "job": ("job", "sft", {}),
-    # Labels only: the dry-run report (and the pipeline's results table) names them; neither
-    # changes the model or the recipe's other fields (base_config copied those).
-    "model.preset": ("dry_run", "tiny_dense", {}),
-    "rl.algorithm": ("dry_run", "grpo", {}),
-    # The only value other than the default is refused at start-up: context parallelism is not
-    # implemented, the axis exists for layouts (common._check_mesh).
-    "mesh.shape.sequence": ("refused", 2, {}),
-    "mesh.dcn.sequence": ("refused", 2, {}),
-}
-
-# field: an existing test that changes it and asserts the changed behaviour.
-EXISTING = {
-    # tools: the test runs real episodes with allow_weak_sandbox / judge settings.
 }
 
 # field: why no test here shows it live.
@@ -280,32 +265,17 @@ NOT_COVERED = {
                               "(compiled); too heavy for a liveness probe",
 }
 
-# field: evidence that the field is dead (probe expected to fail, xfail strict).
-DEAD = {}
-
-
 def test_every_field_is_claimed_once():
-  """Every leaf field of base_config() has exactly one claim (probe, existing test, or stated
-  reason) and every claim names a real field: fails when a field is added without a liveness
-  proof, or removed while still claimed."""
+  """Every leaf field of base_config() has exactly one claim (a probe or a stated reason) and
+  every claim names a real field: fails when a field is added without a liveness proof, or
+  removed while still claimed."""
   fields = leaf_fields(common.base_config())
-  claims = [set(PROBES), set(EXISTING), set(NOT_COVERED)]
-  for f in fields:
-    owners = [name for name, claim in zip(("PROBES", "EXISTING", "NOT_COVERED"), claims)
-              if f in claim]
-    assert len(owners) == 1, f"config.{f}: claimed by {owners or 'nobody'}"
-  stale = set().union(*claims) - set(fields)
-  assert not stale, f"claims for fields the config does not have: {sorted(stale)}"
-  assert set(DEAD) <= set(PROBES)
-
-
-@pytest.mark.parametrize("field,node", sorted(EXISTING.items()))
-def test_existing_claims_name_real_tests(field, node):
-  """Each EXISTING entry names a test function that exists in its file (a renamed or deleted
-  test would silently drop the field's proof)."""
-  path, _, name = node.partition("::")
-  with open(os.path.join(ROOT, path)) as f:
-    assert f"def {name}(" in f.read(), f"{field}: {node} not found"
+  both = sorted(set(PROBES) & set(NOT_COVERED))
+  assert not both, f"claimed twice: {both}"
+  unclaimed = sorted(set(fields) - set(PROBES) - set(NOT_COVERED))
+  assert not unclaimed, f"fields without a liveness probe or a stated reason: {unclaimed}"
+  stale = sorted((set(PROBES) | set(NOT_COVERED)) - set(fields))
+  assert not stale, f"claims for fields the config does not have: {stale}"
 
 
 # ======================================================================== Building runs
@@ -711,22 +681,6 @@ def probe_job(c, workdir, res):
   return ran
 
 
-def probe_dry_run(c, workdir, res):
-  """The model and algorithm lines of launch/dry_run's report."""
-  from launch import dry_run
-  r = dry_run.report(c, compile_step=False)
-  return [r["model"], r["algorithm"]]
-
-
-def probe_refused(c, workdir, res):
-  """Start-up validation (the changed value is refused)."""
-  try:
-    common.validate(c)
-  except common.InputError as e:
-    return str(e)
-  return "ok"
-
-
 @contextlib.contextmanager
 def lowering_jit(record: list):
   """jax.jit for functions of rl/sft.py and rl/train_step.py lowers the call, records the text
@@ -811,7 +765,7 @@ def observe(resources, tmp_path_factory):
     key = (probe, json.dumps(overrides, sort_keys=True))
     if cacheable and key in cache:
       return cache[key]
-    c = config_for(overrides, resources) if probe != "refused" else _unvalidated(overrides)
+    c = config_for(overrides, resources)
     workdir = tmp_path_factory.mktemp(probe)
     result = OBSERVE[probe](c, workdir, resources)
     if cacheable:
@@ -820,22 +774,8 @@ def observe(resources, tmp_path_factory):
   return run
 
 
-def _unvalidated(overrides):
-  c = config_for({})
-  for key, value in overrides.items():
-    section, _, name = key.rpartition(".")
-    functools.reduce(lambda d, k: d[k], section.split("."), c)[name] = value
-  return c
-
-
-def _cases():
-  for field, (probe, value, context) in sorted(PROBES.items()):
-    marks = [pytest.mark.xfail(strict=True, reason=f"dead: {DEAD[field]}")] if field in DEAD \
-        else []
-    yield pytest.param(field, probe, value, context, id=field, marks=marks)
-
-
-@pytest.mark.parametrize("field,probe,value,context", list(_cases()))
+@pytest.mark.parametrize("field,probe,value,context",
+                         [pytest.param(f, *PROBES[f], id=f) for f in sorted(PROBES)])
 def test_changing_the_field_changes_the_run(field, probe, value, context, observe):
   """Changing config.<field> (in a context where it applies) changes the probe's observation:
   the lowered program, the data, the rewards, the loop's actions. Fails when the field is no

@@ -53,8 +53,6 @@ def test_demo_variants(variant):
     ("mesh.dcn.data", -1, r"config.mesh.dcn.data=-1: must be >= 1"),
     ("kernel_backend", "cuda", r"config.kernel_backend='cuda': must be one of"),
     ("rollout.streaming.max_staleness", -1, r"config.rollout.streaming.max_staleness=-1"),
-    ("mesh.shape.sequence", 2, r"config.mesh.shape.sequence=2: must be 1"),
-    ("mesh.dcn.sequence", 2, r"config.mesh.dcn.sequence=2: must be 1"),
     ("model.kernel_backend", "tpu", r"config.model.kernel_backend is not read"),
     ("init_checkpoint", "/ckpt", r"config.init_checkpoint='/ckpt' with config.job='sft_rl'"),
 ])

@@ -40,8 +40,9 @@ def random_tokens(seed, shape, vocab=264):
 
 @pytest.mark.parametrize("name", TINY)
 def test_incremental_decoding_matches_full_forward(name):
-  """Prefill of right-padded prompts of different lengths, then one-token steps with the cache,
-  gives the logits of one full forward pass at every position (fp32, <= 1e-4)."""
+  """Prefill of right-padded prompts of different lengths (with the head at every position, or
+  at each row's last prompt position only, as the rollout prefills), then one-token steps with
+  the cache, gives the logits of one full forward pass at every position (fp32, <= 1e-4)."""
   model = tiny_model(name)
   total, prompt_lens = 12, np.array([5, 3])
   tokens = random_tokens(0, (2, total))
@@ -51,6 +52,12 @@ def test_incremental_decoding_matches_full_forward(name):
   out = forward(model, prompt, cache=cache, num_new=jnp.asarray(prompt_lens, jnp.int32))
   for b, n in enumerate(prompt_lens):
     np.testing.assert_allclose(out.logits[b, :n], full[b, :n], atol=1e-4, rtol=0)
+  # the rollout's prefill: the head at each row's last prompt position only, same logits
+  last = forward(model, prompt, cache=cache, num_new=jnp.asarray(prompt_lens, jnp.int32),
+                 head_at=jnp.asarray(prompt_lens - 1, jnp.int32))
+  assert last.logits.shape == (2, 1, full.shape[-1])
+  np.testing.assert_allclose(last.logits[:, 0], full[np.arange(2), prompt_lens - 1], atol=1e-4,
+                             rtol=0)
   cache = out.cache
   for _ in range(total - prompt_lens.min()):
     lengths = np.asarray(cache["lengths"])
