@@ -28,3 +28,13 @@ def expert_parallel_choices(monkeypatch):
 
   monkeypatch.setattr(moe_ep, "dispatch_for_mesh", spy)
   return choices
+
+
+# Files whose tests take the longest, started first: with `pytest -n 2 --dist loadfile` (CI)
+# each file runs on one worker, and a long file scheduled last would leave the other idle.
+LONGEST_FILES = ("test_learning.py", "test_trainer.py", "test_multihost.py")
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
