@@ -70,25 +70,11 @@ def main(argv):
   workdir = checkpoint.workdir_path(_WORKDIR.value or os.path.join(
       "workdir", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]))
   logging.info("workdir: %s", workdir)
+  from rl import pipeline
   try:
-    _run_job(config, str(workdir))
+    pipeline.run_job(config, str(workdir))
   except checkpoint.Preempted as e:
     logging.info("%s", e)
-
-
-def _run_job(config, workdir) -> None:
-  if config.job == "rl":
-    from rl import trainer
-    trainer.run(config, workdir)
-  elif config.job == "sft":
-    from rl import sft
-    sft.run(config, workdir)
-  elif config.job == "o1_coder":
-    from rl.search import selfplay
-    selfplay.run(config, workdir)
-  else:
-    from rl import pipeline
-    pipeline.run_sft_then_rl(config, workdir)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Multi-stage jobs: SFT cold start, then RL from the SFT checkpoint, then a held-out
-comparison of both checkpoints (table, results.json and a learning-curve PNG).
+"""Every job of config.job (`run_job`, what launch/train.py runs), and the multi-stage one: SFT
+cold start, then RL from the SFT checkpoint, then a held-out comparison of both checkpoints
+(table, results.json and a learning-curve PNG).
 
 Each stage lives in its own sub-directory of the workdir (local or remote, through
 etils.epath); a finished SFT stage is not rerun, and an interrupted SFT or RL stage resumes from
@@ -78,3 +79,18 @@ def run_sft_then_rl(config: ml_collections.ConfigDict, workdir: str | os.PathLik
            f"wall time {results['wall_s']:.0f} s; results in {workdir}/results.json")
   print(table)
   return results
+
+
+def run_job(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Runs config.job: "rl" (rl/trainer.py), "sft" (rl/sft.py), "o1_coder" (rl/search) or
+  "sft_rl" (`run_sft_then_rl`)."""
+  if config.job == "rl":
+    from rl import trainer
+    trainer.run(config, workdir)
+  elif config.job == "sft":
+    sft.run(config, workdir)
+  elif config.job == "o1_coder":
+    from rl.search import selfplay
+    selfplay.run(config, workdir)
+  else:
+    run_sft_then_rl(config, workdir)

@@ -661,12 +661,11 @@ def probe_init(c, workdir, res):
 
 
 def probe_job(c, workdir, res):
-  """Which stage launch/train.py runs."""
+  """Which stage launch/train.py runs (rl/pipeline.run_job)."""
   import rl.pipeline
   import rl.search.selfplay
   import rl.sft
   import rl.trainer
-  from launch import train
   ran = []
   targets = [(rl.trainer, "run"), (rl.sft, "run"), (rl.pipeline, "run_sft_then_rl"),
              (rl.search.selfplay, "run")]
@@ -674,7 +673,7 @@ def probe_job(c, workdir, res):
   try:
     for m, n in targets:
       setattr(m, n, lambda config, workdir, _n=f"{m.__name__}.{n}": ran.append(_n))
-    train._run_job(c, str(workdir))
+    rl.pipeline.run_job(c, str(workdir))
   finally:
     for (m, n), fn in zip(targets, saved):
       setattr(m, n, fn)
