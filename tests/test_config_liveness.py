@@ -441,29 +441,11 @@ def probe_rollout(c, workdir, res):
 def _fake_traj(t, outcomes=None, truncated=None):
   """Trajectories of the Trainer's first prompts whose responses are the gold solution (1) or a
   wrong answer (0), one row per outcome, `samples_per_prompt` rows per group."""
-  from rl.types import Trajectories
-  tok, g = t.tokenizer, t.config.train.samples_per_prompt
+  from scripted_rollout import scripted_trajectories
+  g = t.config.train.samples_per_prompt
   outcomes = outcomes if outcomes is not None else [1, 0] * g
-  rows, entries, groups = [], [], []
-  for n, ok in enumerate(outcomes):
-    entry = t.train_entries[n // g]
-    text = entry["solution"] if ok else "0 Answer: -999"
-    rows.append((t.train_prompts[n // g], tok.encode(text) + [tok.eos_id]))
-    entries.append(entry)
-    groups.append(n // g)
-  width = max(len(p) + len(r) for p, r in rows)
-  tokens = np.zeros((len(rows), width), np.int32)
-  mask = np.zeros((len(rows), width), np.float32)
-  for n, (p, r) in enumerate(rows):
-    tokens[n, :len(p) + len(r)] = p + r
-    mask[n, len(p):len(p) + len(r)] = 1
-  b = len(rows)
-  trunc = np.zeros(b, bool) if truncated is None else np.asarray(truncated)
-  traj = Trajectories(tokens=tokens, prompt_lens=np.array([len(p) for p, _ in rows]),
-                      response_mask=mask, logp_old=np.zeros_like(mask),
-                      policy_version=np.zeros_like(tokens), group_id=np.array(groups),
-                      finished=~trunc, truncated=trunc)
-  return traj, entries
+  return scripted_trajectories(t, [(n // g, ok, n // g) for n, ok in enumerate(outcomes)],
+                               truncated)
 
 
 def probe_prompts(c, workdir, res):

@@ -15,7 +15,7 @@ import pytest
 from configs import common, demo
 from rl import pipeline
 from rl.trainer import Trainer
-from rl.types import Trajectories
+from scripted_rollout import scripted_trajectories
 
 
 def small_config(algorithm="dapo", **overrides) -> ml_collections.ConfigDict:
@@ -199,31 +199,12 @@ def test_router_biases_move_between_steps_not_within_one(demo_run, tmp_path):
 def _fake_rollout(trainer, outcomes):
   """Stands in for the sampler only: responses are the gold solution (correct) or a wrong
   answer; the trainer's real verifier scores them."""
-  tok = trainer.tokenizer
   calls = iter(outcomes)
 
   def rollout(step, batch_index, entries_idx):
-    per_group = next(calls)
-    rows, groups, entries = [], [], []
-    for g, (i, pattern) in enumerate(zip(entries_idx, per_group)):
-      entry = trainer.train_entries[i]
-      for ok in pattern:
-        text = entry["solution"] if ok else "0 Answer: -999"
-        rows.append((trainer.train_prompts[i], tok.encode(text) + [tok.eos_id]))
-        groups.append(g)
-        entries.append(entry)
-    width = max(len(p) + len(r) for p, r in rows)
-    tokens = np.zeros((len(rows), width), np.int32)
-    mask = np.zeros((len(rows), width), np.float32)
-    for n, (p, r) in enumerate(rows):
-      tokens[n, :len(p) + len(r)] = p + r
-      mask[n, len(p):len(p) + len(r)] = 1
-    b = len(rows)
-    traj = Trajectories(tokens=tokens, prompt_lens=np.array([len(p) for p, _ in rows]),
-                        response_mask=mask, logp_old=np.zeros_like(mask),
-                        policy_version=np.zeros_like(tokens), group_id=np.array(groups),
-                        finished=np.ones(b, bool), truncated=np.zeros(b, bool))
-    return traj, entries
+    return scripted_trajectories(trainer, [(i, ok, g) for g, (i, pattern)
+                                           in enumerate(zip(entries_idx, next(calls)))
+                                           for ok in pattern])
   return rollout
 
 
