@@ -1,7 +1,7 @@
 """Learning gates: the demo's promise (RL visibly beats its SFT start) checked by running it.
 
-The fast gate is the demo shortened to about three minutes on 2 CPU cores: the same SFT cold
-start and DAPO with the same verifier, fewer RL steps. It fails when learning breaks (a flipped
+The fast gate is the demo shortened to 25 RL steps: the same SFT cold start and DAPO with the
+same verifier (5-15 minutes on 2 CPU cores, by host and load: it is most of the suite's time). It fails when learning breaks (a flipped
 policy-gradient sign, a zero learning rate, a verifier that rewards nothing); its margins were
 measured across seeds (README, "The demo"). The slow tests run the README's command itself
 for three seeds and hold it to the issue's bar: >= 0.80 held-out, >= 15 points over SFT.
