@@ -75,7 +75,7 @@ def heldout_load_cv(c, workdir) -> float:
   model = common.build_policy(c)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   ckpt = Checkpointer(workdir + "/checkpoints")
-  restored, _ = ckpt.restore(ckpt.latest_step(), {"params": params, "rest": rest})
+  restored, _ = ckpt.restore(ckpt.latest_step(), {"params": params, "rest": rest}, partial=True)
   ckpt.close()
   tokenizer = load_tokenizer("byte")
   examples = sft.sft_examples(load_entries(c)[1], tokenizer, "plain")
