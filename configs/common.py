@@ -25,6 +25,17 @@ class InputError(ValueError):
   line): the launchers print it as one line and exit with status 2."""
 
 
+def leaves(c: ml_collections.ConfigDict | dict, prefix: str = "") -> dict:
+  """{dotted field name: value} of every leaf of a config ("rl.clip_high", "mesh.shape.data")."""
+  out = {}
+  for key, value in c.items():
+    if isinstance(value, (dict, ml_collections.ConfigDict)):
+      out.update(leaves(value, f"{prefix}{key}."))
+    else:
+      out[prefix + key] = value
+  return out
+
+
 def model_section(preset: str, **overrides) -> ml_collections.ConfigDict:
   """Every ModelConfig field of the preset (so each is overridable and typos fail) but the
   kernel backend, which is the run's config.kernel_backend. The preset's name is not kept:

@@ -9,6 +9,7 @@ command line (`--config.rl.clip_high=0.3`). Unknown recipe names and bad values 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")
@@ -87,9 +88,8 @@ def kl_coefs_by_domain(text: str) -> dict[str, float]:
     try:
       value = float(beta)
     except ValueError:
-      value = None
-    if not sep or not domain or domain in betas or value is None or not (
-        value >= 0 and value != float("inf")):
+      value = -1.0
+    if not sep or not domain or domain in betas or not (value >= 0 and math.isfinite(value)):
       raise ValueError(f"config.rl.kl_coef_per_domain={text!r}: {item!r} is not domain=beta "
                        "(each domain once, beta finite and >= 0)")
     betas[domain] = value

@@ -39,16 +39,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # ======================================================================== Fields
 
-def leaf_fields(c, prefix="") -> list[str]:
-  """Dotted names of every leaf of a ConfigDict."""
-  out = []
-  for key, value in c.items():
-    if isinstance(value, ml_collections.ConfigDict):
-      out += leaf_fields(value, f"{prefix}{key}.")
-    else:
-      out.append(prefix + key)
-  return out
-
 
 # A Trainer on the smallest valid run of the base config: 2 prompts x 2 samples of tiny sums.
 BASE = {
@@ -269,7 +259,7 @@ def test_every_field_is_claimed_once():
   """Every leaf field of base_config() has exactly one claim (a probe or a stated reason) and
   every claim names a real field: fails when a field is added without a liveness proof, or
   removed while still claimed."""
-  fields = leaf_fields(common.base_config())
+  fields = list(common.leaves(common.base_config()))
   both = sorted(set(PROBES) & set(NOT_COVERED))
   assert not both, f"claimed twice: {both}"
   unclaimed = sorted(set(fields) - set(PROBES) - set(NOT_COVERED))

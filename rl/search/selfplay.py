@@ -254,21 +254,12 @@ SELF_PLAY_READS = (
     "rl.entropy_coef", "rl.nll_coef", "rl.offpolicy_mask_delta", "rl.indexer_coef")
 
 
-def _leaves(d, prefix=""):
-  """(dotted field, value) of every leaf."""
-  for key, value in d.items():
-    if isinstance(value, dict):
-      yield from _leaves(value, f"{prefix}{key}.")
-    else:
-      yield f"{prefix}{key}", value
-
-
 def refuse_unread(c: ml_collections.ConfigDict) -> None:
   """ValueError naming every field self-play would ignore that is not at its neutral value."""
-  neutral = dict(_leaves(common.base_config().to_dict()))
+  neutral = common.leaves(common.base_config())
   neutral.update({f"rl.{k}": v for k, v in algorithms.BASE.items()})
   unread = [f"config.{field}={value!r} (self-play: {neutral[field]!r})"
-            for field, value in _leaves(c.to_dict())
+            for field, value in common.leaves(c).items()
             if not any(field == r or (r.endswith(".") and field.startswith(r))
                        for r in SELF_PLAY_READS) and value != neutral[field]]
   if unread:
