@@ -84,6 +84,21 @@ def _row_and_head_axes(mesh, batch: int, heads: int | None) -> tuple:
   return rows, head
 
 
+def constrain_rows(x: jax.Array) -> jax.Array:
+  """`x` with its leading (batch) dimension split over the ambient mesh's row axes and the
+  others left to XLA; unchanged without a multi-device mesh or when the rows do not divide.
+  The model pins each layer's activations with it, so every device computes its own rows of a
+  micro-batch instead of all of them."""
+  mesh = _ambient_mesh()
+  if mesh is None:
+    return x
+  rows, _ = _row_and_head_axes(mesh, x.shape[0], None)
+  if rows is None:
+    return x
+  spec = P(rows, *([P.UNCONSTRAINED] * (x.ndim - 1)))
+  return jax.lax.with_sharding_constraint(x, spec)  # under the mesh of jax.set_mesh
+
+
 def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float, d_v: int,
                backend: str = "auto", block_config: str = "default"
                ) -> tuple[jax.Array, jax.Array]:

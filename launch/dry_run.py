@@ -7,14 +7,17 @@ is allocated), parameter counts and the memory each device would hold.
 is `config.mesh`; when it needs more devices than this machine has (a 256-chip TPU slice checked
 on a laptop) it is a `jax.sharding.AbstractMesh` and every per-device size comes from the array's
 partition spec under the logical-axis rules of models/sharding.py. When the mesh fits on the local
-devices, the policy update (rl/train_step.py) is also compiled for it and XLA's memory analysis is
-reported; otherwise the activation memory is an analytic estimate, labelled as such (see
+devices (or `--topology` names a TPU slice: libtpu compiles for it ahead of time), the policy
+update (rl/train_step.py) and the rollout engine (rl/rollout.py) are also compiled for it and the
+compiler's per-device memory, FLOPs and bytes are reported, with the chip's HBM and the roofline
+bound they imply; otherwise the activation memory is an analytic estimate, labelled as such (see
 models/memory.py `activation_bytes_per_token`).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import jax
@@ -27,6 +30,7 @@ import kernels
 from configs import common
 from models import cache as cache_lib
 from models import memory
+from models import planner
 from models import remat as remat_lib
 from models import sharding as sharding_lib
 from models.config import ModelConfig
@@ -118,15 +122,31 @@ def _critic_bytes(cfg: ModelConfig, optimizer, mesh) -> int:
   return 3 * memory.tree_bytes(params, shardings) + memory.tree_bytes(opt_state, opt_shardings)
 
 
-def _compiled_memory(config, mesh, graphdef, params, rest, param_shardings, optimizer, opt_state,
-                     opt_shardings, batch, batch_shardings) -> dict[str, int]:
-  """XLA's memory analysis of the policy update compiled for `mesh` (per device)."""
-  replicated = NamedSharding(mesh, PartitionSpec())
-  # Buffers outside nnx.Param (e.g. the router's bias) are small and replicated.
-  rest_values = jax.tree.map(
-      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), rest)
-  state = ts.TrainState(params, opt_state, jax.ShapeDtypeStruct((), jnp.int32))
-  state_shardings = ts.TrainState(param_shardings, opt_shardings, replicated)
+def _analysis(lowered, platform: str) -> dict[str, float]:
+  """Compiles `lowered` and reads the compiler's per-device figures: memory (arguments,
+  outputs, aliased, temporaries, peak), FLOPs and bytes accessed (`cost_analysis`), and the
+  compile time."""
+  # XLA:CPU would otherwise undo the rematerialisation (models/remat.py).
+  options = remat_lib.CPU_KEEP_REMAT if platform == "cpu" else None
+  start = time.perf_counter()
+  compiled = lowered.compile(compiler_options=options)
+  seconds = time.perf_counter() - start
+  analysis = compiled.memory_analysis()
+  fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
+            "temp_size_in_bytes")
+  out = {f.replace("_size_in_bytes", ""): int(getattr(analysis, f)) for f in fields}
+  out["peak"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
+  cost = compiled.cost_analysis()
+  cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
+  out["flops"] = float(cost.get("flops", 0.0))
+  out["bytes_accessed"] = float(cost.get("bytes accessed", 0.0))
+  out["compile_seconds"] = seconds
+  return out
+
+
+def _compiled_update(config, mesh, graphdef, state, rest_values, state_shardings, optimizer,
+                     batch, batch_shardings) -> dict[str, float]:
+  """The policy update (rl/train_step.py) compiled for `mesh`: `_analysis` per device."""
   update = ts.make_update(
       ts.policy_objective, graphdef, optimizer,
       micro_batches=config.train.micro_batches, rl=config.rl.to_dict(),
@@ -136,27 +156,39 @@ def _compiled_memory(config, mesh, graphdef, params, rest, param_shardings, opti
   full_batch = {k: jax.ShapeDtypeStruct((v.shape[0] * config.train.micro_batches, *v.shape[1:]),
                                         v.dtype) for k, v in batch.items()}
   platform = mesh.devices.flat[0].platform
-  # XLA:CPU would otherwise undo the rematerialisation (models/remat.py).
-  options = remat_lib.CPU_KEEP_REMAT if platform == "cpu" else None
   with jax.set_mesh(mesh), kernels.target_platform(platform):
-    analysis = update.lower(state, rest_values, full_batch).compile(
-        compiler_options=options).memory_analysis()
-  fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-            "temp_size_in_bytes")
-  out = {f.replace("_size_in_bytes", ""): int(getattr(analysis, f)) for f in fields}
-  out["peak"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
-  return out
+    return _analysis(update.lower(state, rest_values, full_batch), platform)
+
+
+def _compiled_rollout(config, mesh, graphdef, model_state, prompt_len: int) -> dict[str, float]:
+  """The rollout engine (rl/rollout.py: prefill, then the decode loop) as the trainer runs it
+  for one step's prompts x samples, compiled for `mesh`: `_analysis` per device."""
+  from rl import rollout as rollout_lib
+  r = config.rollout
+  cfg = rollout_lib.RolloutConfig(
+      max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+      greedy=r.temperature == 0, prompt_bucket=r.prompt_bucket,
+      keep_sampling_mask=config.rl.keep_sampling_mask, keep_routing=config.rl.keep_routing)
+  platform = mesh.devices.flat[0].platform
+  with jax.set_mesh(mesh), kernels.target_platform(platform):
+    lowered = rollout_lib.lower_engine(
+        graphdef, model_state, cfg,
+        sequences=config.train.prompts_per_step * config.train.samples_per_prompt,
+        prompt_width=prompt_len, mesh=mesh if mesh.size > 1 else None)
+    return _analysis(lowered, platform)
 
 
 def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
-           compile_step: bool | None = None, devices: list | None = None) -> dict[str, Any]:
+           compile_step: bool | None = None, devices: list | None = None,
+           compile_rollout: bool = True) -> dict[str, Any]:
   """Sizes of one RL policy update under `config` (see the module docstring).
 
   `compile_step`: None compiles the update when the mesh fits on the devices; False never
   compiles (analytic estimate only); True requires it. `devices`: what to compile for
   (default: the local devices); e.g. a TPU topology's devices (`topology_devices`) to compile
   ahead of time for a slice this host does not have, with "auto" kernels taken as that
-  platform takes them.
+  platform takes them. `compile_rollout`: when the update compiles, the rollout engine compiles
+  too (its per-device memory, FLOPs and bytes beside the update's).
   """
   devices = list(jax.devices() if devices is None else devices)
   platform = devices[0].platform
@@ -164,7 +196,6 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   cfg = common.model_config(config)
   plan = None
   if config.mesh.auto:  # the best mesh of models/planner.py for the config's remat / offload
-    from models import planner
     plan = planner.best_mesh(config, config.mesh.devices or len(devices),
                              planner.device_kind(config.mesh.device_kind))
   mesh, concrete = mesh_for(config, plan.mesh if plan else None, devices)
@@ -243,6 +274,7 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
       host_bytes_per_device=(host_per_token * tokens_per_device
                              + (out["optimizer_bytes_per_device"] if offload_state else 0)),
       sequence_length=length, prompt_len=prompt_len, micro_batch_rows=rows,
+      micro_batches=config.train.micro_batches,
       tokens_per_device=tokens_per_device, batch_shards=batch_axes,
       activation_bytes_per_token=per_token,
       activation_bytes_per_device=per_token * tokens_per_device,
@@ -256,11 +288,24 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   out["total_bytes_per_device"] = (out["static_bytes_per_device"]
                                    + out["activation_bytes_per_device"]
                                    + out["batch_bytes_per_device"])
-  out["compiled"] = None
+  out["compiled"] = out["compiled_rollout"] = None
+  out["device_spec"] = planner.spec_of(devices[0])
   if concrete and compile_step is not False:
-    out["compiled"] = _compiled_memory(config, mesh, graphdef, params, rest, param_shardings,
-                                       optimizer, opt_state, opt_shardings, batch,
-                                       batch_shardings)
+    replicated_sharding = NamedSharding(mesh, PartitionSpec())
+    # Buffers outside nnx.Param (e.g. the router's bias) are small and replicated.
+    rest_values = jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated_sharding), rest)
+    leaves, treedef = jax.tree.flatten(params)
+    param_values = jax.tree.unflatten(treedef, [
+        jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)
+        for x, sh in zip(leaves, jax.tree.leaves(param_shardings), strict=True)])
+    state = ts.TrainState(param_values, opt_state, jax.ShapeDtypeStruct((), jnp.int32))
+    state_shardings = ts.TrainState(param_shardings, opt_shardings, replicated_sharding)
+    out["compiled"] = _compiled_update(config, mesh, graphdef, state, rest_values,
+                                       state_shardings, optimizer, batch, batch_shardings)
+    if compile_rollout:
+      out["compiled_rollout"] = _compiled_rollout(
+          config, mesh, graphdef, nnx.merge_state(param_values, rest_values), prompt_len)
   return out
 
 
@@ -281,6 +326,34 @@ def _gib(n: float) -> str:
 
 def _count(n: int) -> str:
   return f"{n / 1e9:.3f}B" if n >= 1e9 else f"{n / 1e6:.3f}M"
+
+
+def roofline_seconds(c: dict[str, float], device) -> float:
+  """The step-time lower bound the compiler's per-device FLOPs and bytes imply on `device`
+  (a planner.DeviceSpec): max(FLOPs / peak bf16 rate, bytes / HBM bandwidth)."""
+  return max(c["flops"] / device.peak_bf16_flops, c["bytes_accessed"] / device.hbm_bandwidth)
+
+
+def _compiled_lines(label: str, what: str, c: dict[str, float], r: dict[str, Any], *, per: str,
+                    trips: int = 0) -> list[str]:
+  """The compiler's figures for one program; `trips`: the loop's trip count that turns its
+  per-body cost into a roofline bound (0: none printed)."""
+  device = r["device_spec"]
+  fits = ""
+  if device is not None:
+    fits = (f"; {device.name} holds {_gib(device.hbm_bytes)}: "
+            f"{'fits' if c['peak'] <= device.hbm_bytes else 'DOES NOT FIT'}")
+  lines = [
+      f"{label:<11} {_gib(c['peak'])}/device peak for the {what} (XLA:{r['platform']} "
+      f"memory analysis: arguments {_gib(c['argument'])}, outputs {_gib(c['output'])}, "
+      f"aliased {_gib(c['alias'])}, temporaries {_gib(c['temp'])}{fits})",
+      f"{'':<11} {c['flops'] / 1e12:.3g} TFLOP and {c['bytes_accessed'] / 1e9:.3g} GB accessed "
+      f"per device {per} (cost analysis: XLA counts a loop body once), compiled in "
+      f"{c['compile_seconds']:.1f} s"]
+  if device is not None and trips and (c["flops"] or c["bytes_accessed"]):
+    lines.append(f"{'':<11} roofline ~{trips * roofline_seconds(c, device) * 1e3:.3g} ms per "
+                 f"update on {device.name} ({trips} x the above; compiled, not run)")
+  return lines
 
 
 def format_report(r: dict[str, Any]) -> list[str]:
@@ -338,13 +411,14 @@ def format_report(r: dict[str, Any]) -> list[str]:
                  f"{r['sequence_length']} exceeds the model's max_seq_len {r['max_seq_len']}")
   compiled = r["compiled"]
   if compiled:
-    lines.append(
-        f"compiled    {_gib(compiled['peak'])}/device peak (XLA:{r['platform']} "
-        f"memory analysis: arguments {_gib(compiled['argument'])}, outputs "
-        f"{_gib(compiled['output'])}, aliased {_gib(compiled['alias'])}, temporaries "
-        f"{_gib(compiled['temp'])})")
+    lines += _compiled_lines("compiled", "update", compiled, r,
+                             per="for one micro-batch and the optimiser step",
+                             trips=r["micro_batches"])
     lines.append(f"ratio       analytic / compiled = "
                  f"{r['total_bytes_per_device'] / max(compiled['peak'], 1):.2f}")
+    if r["compiled_rollout"]:
+      lines += _compiled_lines("rollout", "rollout engine (prefill + decode loop)",
+                               r["compiled_rollout"], r, per="for one prefill and one decode step")
   else:
     why = ("the mesh does not fit on the devices (--topology compiles for a TPU slice)"
            if r["abstract_mesh"]

@@ -79,6 +79,22 @@ DEVICES: dict[str, DeviceSpec] = {
         name="TPU v5p", hbm_bytes=95 * 2**30, hbm_bandwidth=2765e9, peak_bf16_flops=459e12,
         interconnect_bandwidth=200e9, network_bandwidth=50e9 / 8, devices_per_domain=8960,
         host_bandwidth=32e9),
+    # Cloud TPU v5e, https://cloud.google.com/tpu/docs/v5e: 197 bf16 TFLOP/s, 16 GB HBM2 at
+    # 819 GB/s, 400 GB/s bidirectional ICI per chip over 4 ports of a 2-D torus (a ring over one
+    # torus dimension uses two links: 100 GB/s per direction), 256 chips in a pod, 2 x 100 Gb/s
+    # NICs per 8-chip host (25 Gb/s per chip). Host link: PCIe Gen4 x16 assumed, as for v5p.
+    "tpu_v5e": DeviceSpec(
+        name="TPU v5e", hbm_bytes=16 * 2**30, hbm_bandwidth=819e9, peak_bf16_flops=197e12,
+        interconnect_bandwidth=100e9, network_bandwidth=25e9 / 8, devices_per_domain=256,
+        host_bandwidth=32e9),
+    # Cloud TPU v6e (Trillium), https://cloud.google.com/tpu/docs/v6e: 918 bf16 TFLOP/s, 32 GB
+    # HBM at 1638 GB/s, 800 GB/s bidirectional ICI per chip over 4 ports of a 2-D torus (200 GB/s
+    # per direction for a ring over one dimension), 256 chips in a pod, PCIe Gen5 to the host
+    # (64 GB/s per direction). DCN per chip is not on the spec page: v5e's 25 Gb/s is assumed.
+    "tpu_v6e": DeviceSpec(
+        name="TPU v6e", hbm_bytes=32 * 2**30, hbm_bandwidth=1638e9, peak_bf16_flops=918e12,
+        interconnect_bandwidth=200e9, network_bandwidth=25e9 / 8, devices_per_domain=256,
+        host_bandwidth=64e9),
     # NVIDIA H100 SXM5, https://www.nvidia.com/en-us/data-center/h100/ (datasheet): 80 GB HBM3
     # at 3.35 TB/s, 989 dense bf16 TFLOP/s (1979 with sparsity), NVLink 900 GB/s bidirectional
     # (450 per direction) inside an 8-GPU HGX / DGX node, PCIe Gen5 x16 128 GB/s bidirectional
@@ -379,18 +395,30 @@ def workload(config, *, prompt_len: int | None = None,
       offload_optimizer=bool(config.optim.offload_state))
 
 
+# jax's `Device.device_kind` (lower case) -> DEVICES key; TPU topologies name v5p "TPU v5".
+_KIND_NAMES = {"tpu v5": "tpu_v5p", "tpu v5p": "tpu_v5p", "tpu v5 lite": "tpu_v5e",
+               "tpu v5e": "tpu_v5e", "tpu v6 lite": "tpu_v6e", "tpu v6e": "tpu_v6e"}
+
+
+def spec_of(device) -> DeviceSpec | None:
+  """The DEVICES entry of a jax device (a TPU topology's included), or None."""
+  kind = device.device_kind.lower()
+  if kind in _KIND_NAMES:
+    return DEVICES[_KIND_NAMES[kind]]
+  return DEVICES["h100"] if "h100" in kind else None
+
+
 def device_kind(name: str = "") -> DeviceSpec:
   """A DEVICES entry by key, or ("") the one matching the local accelerator."""
   if name:
     if name not in DEVICES:
       raise ValueError(f"device kind {name!r}: must be one of {sorted(DEVICES)}")
     return DEVICES[name]
-  local = jax.devices()[0].device_kind.lower()
-  for key, spec in DEVICES.items():
-    if key.replace("_", " ") in local or key in local.replace(" ", ""):
-      return spec
-  raise ValueError(f"no planner numbers for the local device {local!r}; name one of "
-                   f"{sorted(DEVICES)} (--config.mesh.device_kind)")
+  spec = spec_of(jax.devices()[0])
+  if spec is None:
+    raise ValueError(f"no planner numbers for the local device {jax.devices()[0].device_kind!r};"
+                     f" name one of {sorted(DEVICES)} (--config.mesh.device_kind)")
+  return spec
 
 
 def best_mesh(config, devices: int, device: DeviceSpec) -> Plan:

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+import kernels
 from models import cache as cache_lib
 from models import remat as remat_lib
 from models.attention import make_attention
@@ -158,7 +159,8 @@ class Transformer(nnx.Module):
       if routing is not None and layer.is_moe:
         expert_ids = routing[:, :, moe_index]
       x, layer_cache, ids, stats, aux = run_layer(
-          layer, x, None if cache is None else cache["layers"][i], expert_ids)
+          layer, kernels.constrain_rows(x), None if cache is None else cache["layers"][i],
+          expert_ids)
       new_layers.append(layer_cache)
       if layer.is_moe:
         moe_index += 1

@@ -277,6 +277,40 @@ def _slot_multiple(row_sharding: NamedSharding | None) -> int:
   return math.prod(row_sharding.mesh.shape[a] for a in axes)
 
 
+def _engine_spec(cfg: RolloutConfig, n: int, new_tokens: int, rows: int | None,
+                 mesh) -> tuple[_EngineSpec, int]:
+  """The compiled engine's static spec for n sequences, and the padded sequence count."""
+  row_sharding = _row_sharding(mesh)
+  slots = round_up(cfg.batch_size or n, _slot_multiple(row_sharding))
+  n_padded = round_up(max(n, slots, rows or 0), slots)
+  # Static batching prefills every prompt in one call; continuous batching refills a few
+  # slots at a time (the first fill then takes slots / R calls of the same compiled prefill).
+  refill_rows = slots if n_padded <= slots else min(slots, cfg.prefill_batch
+                                                     or max(1, slots // 4))
+  spec = _EngineSpec(
+      slots=slots, refill_rows=refill_rows, new_tokens=new_tokens,
+      temperature=float(cfg.temperature), top_p=float(cfg.top_p), top_k=int(cfg.top_k),
+      greedy=bool(cfg.greedy), keep_sampling_mask=cfg.keep_sampling_mask,
+      keep_routing=cfg.keep_routing, vocab_limit=cfg.vocab_limit, pad_id=int(cfg.pad_id),
+      row_sharding=row_sharding)
+  return spec, n_padded
+
+
+def lower_engine(graphdef, state, cfg: RolloutConfig, *, sequences: int, prompt_width: int,
+                 mesh=None, stop_width: int = 8):
+  """The engine `run_engine` compiles for `sequences` contexts of `prompt_width` tokens, lowered
+  from abstract values (`state`: a tree of ShapeDtypeStruct with shardings), nothing
+  allocated: launch/dry_run.py compiles it for a TPU topology this host does not have."""
+  spec, n_padded = _engine_spec(cfg, sequences, cfg.max_new_tokens, None, mesh)
+
+  def rows(*shape):
+    return jax.ShapeDtypeStruct((n_padded, *shape), jnp.int32, sharding=spec.row_sharding)
+  rng = jax.eval_shape(lambda: jax.random.key(0))
+  return _compiled_engine(graphdef, spec).lower(
+      state, rng, rows(prompt_width), rows(), rows(), rows(), rows(), rows(stop_width),
+      jax.ShapeDtypeStruct((), jnp.int32))
+
+
 def run_engine(graphdef, state, context_ids: np.ndarray, context_lens: np.ndarray, rng,
                cfg: RolloutConfig, *, uids: np.ndarray | None = None,
                generated_before: np.ndarray | None = None, max_new: np.ndarray | None = None,
@@ -308,19 +342,8 @@ def run_engine(graphdef, state, context_ids: np.ndarray, context_lens: np.ndarra
   if max_new is not None and np.any(np.asarray(max_new) <= 0):
     raise ValueError("max_new must be >= 1 for every row (finished rows are not resubmitted)")
   new_tokens = int(new_tokens or cfg.max_new_tokens)
-  row_sharding = _row_sharding(mesh)
-  multiple = _slot_multiple(row_sharding)
-  slots = round_up(cfg.batch_size or n, multiple)
-  n_padded = round_up(max(n, slots, rows or 0), slots)
-  # Static batching prefills every prompt in one call; continuous batching refills a few
-  # slots at a time (the first fill then takes slots / R calls of the same compiled prefill).
-  refill_rows = slots if n_padded <= slots else min(slots, cfg.prefill_batch
-                                                     or max(1, slots // 4))
-  spec = _EngineSpec(
-      slots=slots, refill_rows=refill_rows,
-      new_tokens=new_tokens, temperature=float(cfg.temperature), top_p=float(cfg.top_p),
-      top_k=int(cfg.top_k), greedy=bool(cfg.greedy), keep_sampling_mask=cfg.keep_sampling_mask, keep_routing=cfg.keep_routing,
-      vocab_limit=cfg.vocab_limit, pad_id=int(cfg.pad_id), row_sharding=row_sharding)
+  spec, n_padded = _engine_spec(cfg, n, new_tokens, rows, mesh)
+  row_sharding, slots = spec.row_sharding, spec.slots
 
   def padded_rows(x, fill, dtype):
     x = np.asarray(x, dtype)

@@ -112,11 +112,34 @@ def test_compiled_memory_on_local_devices():
   assert compiled["argument"] > compiled["alias"]
   assert compiled["peak"] >= compiled["temp"] > 0
   assert compiled["temp"] / 4 < r["activation_bytes_per_device"] < 4 * compiled["temp"]
-  assert "XLA:cpu memory analysis" in "\n".join(dry_run.format_report(r))
+  text = "\n".join(dry_run.format_report(r))
+  assert "XLA:cpu memory analysis" in text
+  # The rollout engine compiles too, its state sharded as the update's parameters: its
+  # arguments are those parameters plus a few small per-sequence inputs.
+  rollout = r["compiled_rollout"]
+  assert r["param_bytes_per_device"] <= rollout["argument"] < 1.1 * r["param_bytes_per_device"]
+  assert rollout["peak"] >= rollout["temp"] > 0 and rollout["flops"] > 0
+  assert "for the rollout engine" in text and "compiled in" in text
   big = common.base_config(preset="tiny_dense", algorithm="grpo")
   big.mesh.shape.update(data=1, fsdp=16)
   with pytest.raises(ValueError, match="cannot compile"):
     dry_run.report(big.lock(), compile_step=True)
+
+
+def test_each_device_computes_only_its_rows_of_a_micro_batch():
+  """FSDP over 4 devices with 4x the rows per micro-batch needs the per-device temporaries of
+  one device with 1x: each device computes its own rows (kernels.constrain_rows pins every
+  layer's activation rows to the batch axes). Without it, a micro-batch (one device's block of
+  the mini-batch) was computed whole by every device (3.6x here)."""
+  def temporaries(fsdp: int, prompts: int) -> int:
+    c = common.base_config(preset="tiny_dense", algorithm="grpo", d_model=128, mlp_dim=512,
+                           n_heads=4, n_kv_heads=2, vocab_size=1024, max_seq_len=1024)
+    c.mesh.shape.update(data=1, fsdp=fsdp)
+    c.train.prompts_per_step, c.train.samples_per_prompt = prompts, 4
+    c.train.micro_batches = 4
+    c.rollout.max_new_tokens = 448
+    return dry_run.report(c.lock(), prompt_len=64, compile_rollout=False)["compiled"]["temp"]
+  assert temporaries(fsdp=4, prompts=16) < 1.25 * temporaries(fsdp=1, prompts=4)
 
 
 def test_mesh_minus_one_takes_the_local_devices():
