@@ -124,6 +124,11 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
       top_k=0,
       prompt_bucket=16,
       eval_temperature=0.0,  # greedy evaluation
+      # Decode slots (rl/rollout.py): 0 = every sequence of a generation batch at once (static
+      # batching); N = continuous batching over N slots, refilled `prefill_batch` prompts at a
+      # time (0: N // 4) as sequences finish. Samples do not depend on it; memory does.
+      batch_size=0,
+      prefill_batch=0,
       # Sampler weights (rl/quant.py): "" = the trainer's own; "fp8_e4m3" = the big matmul
       # weights post-training-quantised to FP8 after every update, with one scale per output
       # channel and block of `weight_block_size` inputs (0: the whole input axis).
@@ -309,6 +314,7 @@ def _validate(c: ml_collections.ConfigDict) -> None:
             "micro_batches", "log_every", "checkpoint_every", "keep_checkpoints",
             "max_bad_steps")
   _non_negative(c, "train", "eval_every")
+  _non_negative(c, "rollout", "batch_size", "prefill_batch")
   batch = c.train.prompts_per_step * c.train.samples_per_prompt
   if batch % (c.train.mini_batches * c.train.micro_batches):
     raise ValueError(

@@ -17,6 +17,7 @@ models/memory.py `activation_bytes_per_token`).
 from __future__ import annotations
 
 import math
+import re
 import time
 from typing import Any
 
@@ -33,6 +34,7 @@ from models import memory
 from models import planner
 from models import remat as remat_lib
 from models import sharding as sharding_lib
+from models.tokenizer import round_up
 from models.config import ModelConfig
 from rl import train_step as ts
 
@@ -122,14 +124,32 @@ def _critic_bytes(cfg: ModelConfig, optimizer, mesh) -> int:
   return 3 * memory.tree_bytes(params, shardings) + memory.tree_bytes(opt_state, opt_shardings)
 
 
+# XLA:TPU's refusal, e.g. "the total memory required for HLO temporaries (37.34G) exceeds
+# available HBM (31.25G)" (binary units).
+_HBM_OVERFLOW = re.compile(r"HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM "
+                           r"\(([\d.]+)([KMGT])\)")
+
+
 def _analysis(lowered, platform: str) -> dict[str, float]:
   """Compiles `lowered` and reads the compiler's per-device figures: memory (arguments,
   outputs, aliased, temporaries, peak), FLOPs and bytes accessed (`cost_analysis`), and the
-  compile time."""
+  compile time. When the compiler refuses the program for overflowing HBM, "peak" and "temp"
+  are the temporaries it said it needed and "overflow" the HBM it had."""
   # XLA:CPU would otherwise undo the rematerialisation (models/remat.py).
   options = remat_lib.CPU_KEEP_REMAT if platform == "cpu" else None
   start = time.perf_counter()
-  compiled = lowered.compile(compiler_options=options)
+  try:
+    compiled = lowered.compile(compiler_options=options)
+  except jax.errors.JaxRuntimeError as e:
+    overflow = _HBM_OVERFLOW.search(str(e))
+    if overflow is None:
+      raise
+    # The TPU compiler refuses a program that overflows HBM; what it needed is the figure.
+    need, have = (float(overflow[i]) * 1024 ** "KMGT".index(overflow[i + 1]) * 1024
+                  for i in (1, 3))
+    return {"argument": 0, "output": 0, "alias": 0, "temp": int(need), "peak": int(need),
+            "flops": 0.0, "bytes_accessed": 0.0, "overflow": int(have),
+            "compile_seconds": time.perf_counter() - start}
   seconds = time.perf_counter() - start
   analysis = compiled.memory_analysis()
   fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
@@ -160,21 +180,36 @@ def _compiled_update(config, mesh, graphdef, state, rest_values, state_shardings
     return _analysis(update.lower(state, rest_values, full_batch), platform)
 
 
-def _compiled_rollout(config, mesh, graphdef, model_state, prompt_len: int) -> dict[str, float]:
-  """The rollout engine (rl/rollout.py: prefill, then the decode loop) as the trainer runs it
-  for one step's prompts x samples, compiled for `mesh`: `_analysis` per device."""
+def rollout_shape(config, prompt_len: int) -> dict[str, int]:
+  """The rollout engine call the dry run compiles: one step's prompts x samples, each a prompt
+  (rounded up to the bucket) plus all of max_new_tokens; with streaming rollouts
+  (rl/streaming.py) the last round of a longest sequence: everything but round_tokens already
+  in the context, round_tokens more."""
+  r = config.rollout
+  sequences = config.train.prompts_per_step * config.train.samples_per_prompt
+  if r.streaming.enabled:
+    round_tokens = min(r.streaming.round_tokens, r.max_new_tokens)
+    context = round_up(prompt_len + r.max_new_tokens - round_tokens, r.prompt_bucket)
+    return dict(sequences=sequences, prompt_width=context, new_tokens=round_tokens)
+  return dict(sequences=sequences, prompt_width=round_up(prompt_len, r.prompt_bucket),
+              new_tokens=r.max_new_tokens)
+
+
+def _compiled_rollout(config, mesh, graphdef, model_state, shape: dict[str, int]
+                      ) -> dict[str, float]:
+  """The rollout engine (rl/rollout.py: prefill, then the decode loop) for `rollout_shape`,
+  compiled for `mesh`: `_analysis` per device."""
   from rl import rollout as rollout_lib
   r = config.rollout
   cfg = rollout_lib.RolloutConfig(
       max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-      greedy=r.temperature == 0, prompt_bucket=r.prompt_bucket,
-      keep_sampling_mask=config.rl.keep_sampling_mask, keep_routing=config.rl.keep_routing)
+      greedy=r.temperature == 0, prompt_bucket=r.prompt_bucket, batch_size=r.batch_size,
+      prefill_batch=r.prefill_batch, keep_sampling_mask=config.rl.keep_sampling_mask,
+      keep_routing=config.rl.keep_routing)
   platform = mesh.devices.flat[0].platform
   with jax.set_mesh(mesh), kernels.target_platform(platform):
-    lowered = rollout_lib.lower_engine(
-        graphdef, model_state, cfg,
-        sequences=config.train.prompts_per_step * config.train.samples_per_prompt,
-        prompt_width=prompt_len, mesh=mesh if mesh.size > 1 else None)
+    lowered = rollout_lib.lower_engine(graphdef, model_state, cfg, **shape,
+                                       mesh=mesh if mesh.size > 1 else None)
     return _analysis(lowered, platform)
 
 
@@ -304,8 +339,10 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
     out["compiled"] = _compiled_update(config, mesh, graphdef, state, rest_values,
                                        state_shardings, optimizer, batch, batch_shardings)
     if compile_rollout:
+      out["rollout_shape"] = rollout_shape(config, prompt_len)
       out["compiled_rollout"] = _compiled_rollout(
-          config, mesh, graphdef, nnx.merge_state(param_values, rest_values), prompt_len)
+          config, mesh, graphdef, nnx.merge_state(param_values, rest_values),
+          out["rollout_shape"])
   return out
 
 
@@ -339,6 +376,10 @@ def _compiled_lines(label: str, what: str, c: dict[str, float], r: dict[str, Any
   """The compiler's figures for one program; `trips`: the loop's trip count that turns its
   per-body cost into a roofline bound (0: none printed)."""
   device = r["device_spec"]
+  if "overflow" in c:
+    return [f"{label:<11} DOES NOT FIT: the {what} needs {_gib(c['temp'])}/device of "
+            f"temporaries alone, the compiler has {_gib(c['overflow'])} of HBM (XLA:"
+            f"{r['platform']} refused it after {c['compile_seconds']:.1f} s)"]
   fits = ""
   if device is not None:
     fits = (f"; {device.name} holds {_gib(device.hbm_bytes)}: "
@@ -414,14 +455,56 @@ def format_report(r: dict[str, Any]) -> list[str]:
     lines += _compiled_lines("compiled", "update", compiled, r,
                              per="for one micro-batch and the optimiser step",
                              trips=r["micro_batches"])
-    lines.append(f"ratio       analytic / compiled = "
-                 f"{r['total_bytes_per_device'] / max(compiled['peak'], 1):.2f}")
+    if "overflow" not in compiled:
+      lines.append(f"ratio       analytic / compiled = "
+                   f"{r['total_bytes_per_device'] / max(compiled['peak'], 1):.2f}")
     if r["compiled_rollout"]:
-      lines += _compiled_lines("rollout", "rollout engine (prefill + decode loop)",
-                               r["compiled_rollout"], r, per="for one prefill and one decode step")
+      shape = r["rollout_shape"]
+      lines += _compiled_lines(
+          "rollout", f"rollout engine ({shape['sequences']} sequences: prefill of "
+          f"{shape['prompt_width']} tokens, decode of {shape['new_tokens']})",
+          r["compiled_rollout"], r, per="for one prefill and one decode step")
   else:
     why = ("the mesh does not fit on the devices (--topology compiles for a TPU slice)"
            if r["abstract_mesh"]
            else "compilation skipped")
     lines.append(f"compiled    not compiled ({why}): the activation figure above is analytic")
+  return lines
+
+
+def verify_plans(config: ml_collections.ConfigDict, plans: list, devices: list,
+                 top: int) -> list[dict[str, Any]]:
+  """The planner defers to the compiler: the first `top` of `plans` (models/planner.py, ranked
+  on analytic estimates) compiled for `devices` (e.g. a TPU topology's) with each plan's mesh,
+  remat policy and optimiser placement. Rows: the plan, the compiled update and rollout peaks
+  per device, whether both fit the chip's HBM by the compiler, and the planner's estimate over
+  the compiler's figure; fitting rows first, then in the planner's order."""
+  hbm = planner.spec_of(devices[0]).hbm_bytes
+  rows = []
+  for i, p in enumerate(plans[:top], 1):
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.mesh.shape = dict(p.mesh)
+    c.mesh.auto = False
+    c.model.remat = p.remat
+    c.optim.offload_state = p.offload_optimizer
+    r = report(c, compile_step=True, devices=devices)
+    update, rollout = r["compiled"]["peak"], r["compiled_rollout"]["peak"]
+    rows.append(dict(rank=i, plan=p, update=update, rollout=rollout,
+                     fits=max(update, rollout) <= hbm,
+                     ratio_update=p.memory["update"] / update,
+                     ratio_rollout=p.memory["rollout"] / rollout))
+  return sorted(rows, key=lambda row: (not row["fits"], row["rank"]))
+
+
+def format_verified(rows: list[dict[str, Any]], hbm_bytes: float) -> list[str]:
+  lines = [f"compiled (per device, GiB; the chip holds {hbm_bytes / GiB:.1f}): planner rank, "
+           "mesh data/fsdp/expert/tensor, remat, optimiser, update, rollout, fits, "
+           "planner/compiler for update and rollout"]
+  for row in rows:
+    p, m = row["plan"], row["plan"].mesh
+    lines.append(
+        f"{row['rank']:>3} {m['data']}/{m['fsdp']}/{m['expert']}/{m['tensor']} {p.remat:<14} "
+        f"{'host' if p.offload_optimizer else 'device':<6} {row['update'] / GiB:8.2f} "
+        f"{row['rollout'] / GiB:8.2f} {'yes' if row['fits'] else 'NO':<4} "
+        f"{row['ratio_update']:6.2f} {row['ratio_rollout']:6.2f}")
   return lines

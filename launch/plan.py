@@ -6,8 +6,11 @@ optimiser placements for a training config on N devices of a kind (models/planne
   python launch/plan.py --config=configs/deepseek_v32_moe_tpu.py --devices=8 --device_kind=h100 \
       --remats=none,full --offload_optimizer=both --top=10
 
-Nothing is allocated or compiled: parameter sizes come from the abstract model and the
-logical-axis rules, the rest from the analytic estimates. Put the winning mesh in the config
+Nothing is allocated: parameter sizes come from the abstract model and the logical-axis rules,
+the rest from the analytic estimates, which can be off by 2x against the compiler (see
+docs/performance.md). `--topology=v5p:4x4x4` defers to the compiler: the best `--verify` plans
+are compiled for that TPU slice (update and rollout) and re-ranked by what the compiler says
+fits, with the planner/compiler ratio of each. Put the winning mesh in the config
 (`--config.mesh.shape.fsdp=...`), or set `--config.mesh.auto=True` to let `--dry_run` use the
 best plan for the config's own remat policy and optimiser placement.
 """
@@ -32,9 +35,14 @@ _OFFLOAD = flags.DEFINE_enum("offload_optimizer", "no", ["no", "yes", "both"],
                              "Optimiser state on the device, in pinned host memory, or both.")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", None, "Prompt tokens per sequence (default: "
                                    "as launch/dry_run.py).")
-_ROLLOUT_BATCH = flags.DEFINE_integer("rollout_batch", 0, "Sequences decoded at once (0: all of a "
-                                     "step's prompts x samples).")
 _TOP = flags.DEFINE_integer("top", 15, "Rows of the ranking to print.")
+_TOPOLOGY = flags.DEFINE_string(
+    "topology", None, "Defer to the compiler: compile the policy update and the rollout of the "
+    "best --verify plans for this TPU topology (e.g. v5p:4x4x4; the device count and kind come "
+    "from it; needs libtpu, `bash launch/setup.sh --compilers`) and rank them by whether the "
+    "compiler's per-device peaks fit the chip.")
+_VERIFY = flags.DEFINE_integer("verify", 3, "With --topology: how many of the best plans to "
+                               "compile.")
 
 
 def main(argv):
@@ -46,10 +54,15 @@ def main(argv):
   config = _CONFIG.value
   common.validate(config)
   cfg = common.model_config(config)
-  device = planner.device_kind(_DEVICE_KIND.value)
-  devices = _DEVICES.value or jax.device_count()
-  work = planner.workload(config, prompt_len=_PROMPT_LEN.value,
-                          rollout_sequences=_ROLLOUT_BATCH.value)
+  topology = None
+  if _TOPOLOGY.value:
+    from launch import dry_run
+    topology = dry_run.topology_devices(_TOPOLOGY.value)
+    device, devices = planner.spec_of(topology[0]), len(topology)
+  else:
+    device = planner.device_kind(_DEVICE_KIND.value)
+    devices = _DEVICES.value or jax.device_count()
+  work = planner.workload(config, prompt_len=_PROMPT_LEN.value)
   offload = {"no": (False,), "yes": (True,), "both": (False, True)}[_OFFLOAD.value]
   plans = planner.plan(cfg, work, devices, device, remats=_REMATS.value.split(","),
                        offload_optimizer=offload)
@@ -62,6 +75,9 @@ def main(argv):
   print("memory in GiB per device (peak: the larger of the update and the rollout); "
         "times in s per RL step (roofline)")
   print("\n".join(planner.format_table(plans, _TOP.value)))
+  if topology is not None:
+    rows = dry_run.verify_plans(config, plans, topology, _VERIFY.value)
+    print("\n".join(dry_run.format_verified(rows, device.hbm_bytes)))
 
 
 if __name__ == "__main__":

@@ -373,10 +373,10 @@ def plan(cfg: ModelConfig, work: Workload, devices: int, device: DeviceSpec, *,
   return rank(plans)
 
 
-def workload(config, *, prompt_len: int | None = None,
-             rollout_sequences: int | None = None) -> Workload:
-  """The Workload of a training config (the sequence length launch/memory.py assumes); the
-  rollout decodes all of a step's sequences at once unless `rollout_sequences` says less."""
+def workload(config, *, prompt_len: int | None = None) -> Workload:
+  """The Workload of a training config (the sequence length launch/dry_run.py assumes); the
+  rollout decodes all of a step's sequences at once unless config.rollout.batch_size says
+  less."""
   from configs import common
   cfg = common.model_config(config)
   if prompt_len is None:
@@ -389,7 +389,7 @@ def workload(config, *, prompt_len: int | None = None,
   return Workload(
       sequences=sequences, length=length, mini_batches=config.train.mini_batches,
       micro_batches=config.train.micro_batches, rollout_length=length,
-      rollout_sequences=rollout_sequences or sequences,
+      rollout_sequences=min(config.rollout.batch_size or sequences, sequences),
       reference=bool(rl.kl_coef or rl.kl_coef_per_domain), critic=bool(rl.use_critic),
       kernel_backend=backend if backend in ("reference", "interpret") else "compiled",
       offload_optimizer=bool(config.optim.offload_state))

@@ -297,11 +297,13 @@ def _engine_spec(cfg: RolloutConfig, n: int, new_tokens: int, rows: int | None,
 
 
 def lower_engine(graphdef, state, cfg: RolloutConfig, *, sequences: int, prompt_width: int,
-                 mesh=None, stop_width: int = 8):
-  """The engine `run_engine` compiles for `sequences` contexts of `prompt_width` tokens, lowered
-  from abstract values (`state`: a tree of ShapeDtypeStruct with shardings), nothing
-  allocated: launch/dry_run.py compiles it for a TPU topology this host does not have."""
-  spec, n_padded = _engine_spec(cfg, sequences, cfg.max_new_tokens, None, mesh)
+                 new_tokens: int | None = None, mesh=None, stop_width: int = 8):
+  """The engine `run_engine` compiles for `sequences` contexts of `prompt_width` tokens and
+  `new_tokens` more (default cfg.max_new_tokens), lowered from abstract values (`state`: a tree
+  of ShapeDtypeStruct with shardings), nothing allocated: launch/dry_run.py compiles it for a
+  TPU topology this host does not have."""
+  spec, n_padded = _engine_spec(cfg, sequences, int(new_tokens or cfg.max_new_tokens), None,
+                                mesh)
 
   def rows(*shape):
     return jax.ShapeDtypeStruct((n_padded, *shape), jnp.int32, sharding=spec.row_sharding)

@@ -203,6 +203,7 @@ class Trainer:
         max_new_tokens=c.rollout.max_new_tokens, temperature=c.rollout.temperature,
         top_p=c.rollout.top_p, top_k=c.rollout.top_k, greedy=c.rollout.temperature == 0,
         stop_ids=tuple(self.tokenizer.stop_ids), prompt_bucket=c.rollout.prompt_bucket,
+        batch_size=c.rollout.batch_size, prefill_batch=c.rollout.prefill_batch,
         keep_sampling_mask=c.rl.keep_sampling_mask, keep_routing=c.rl.keep_routing,
         pad_id=self.tokenizer.pad_id)
     self.eval_cfg = self.rollout_cfg.replace(greedy=c.rollout.eval_temperature == 0,

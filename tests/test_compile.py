@@ -153,6 +153,32 @@ def test_dry_run_compiles_the_rl_update_for_a_tpu_slice(tpu_topologies):
   r = dry_run.report(c, compile_step=True, prompt_len=16,
                      devices=list(tpu_topologies["v5p:2x2x1"].devices))
   assert r["platform"] == "tpu" and r["devices"] == 4
-  assert r["compiled"]["peak"] > 0
-  assert any(line.startswith("compiled") and "XLA:tpu" in line
-             for line in dry_run.format_report(r))
+  assert r["compiled"]["peak"] > 0 and r["compiled"]["flops"] > 0
+  assert r["compiled_rollout"]["peak"] > 0  # the rollout engine compiled for the slice too
+  text = dry_run.format_report(r)
+  assert any(line.startswith("compiled") and "XLA:tpu" in line for line in text)
+  assert any(line.startswith("rollout") and "TPU v5p holds 95.00 GiB" in line for line in text)
+  assert any("roofline" in line and "compiled, not run" in line for line in text)
+
+
+def test_planner_defers_to_the_compiler_on_a_tpu_slice(tpu_topologies):
+  """`launch/plan.py --topology=v5p:2x2x1`: the planner's best plans for the demo compiled for
+  the slice, each with the compiler's update and rollout peaks and the planner/compiler ratio;
+  the ones the compiler says fit come first."""
+  import ml_collections
+  from configs import common, demo
+  from launch import dry_run
+  from models import planner
+  c = ml_collections.ConfigDict(demo.get_config().to_dict())
+  c.train.prompts_per_step, c.train.samples_per_prompt = 4, 2
+  devices = list(tpu_topologies["v5p:2x2x1"].devices)
+  device = planner.spec_of(devices[0])
+  assert device.name == "TPU v5p"
+  plans = planner.plan(common.model_config(c), planner.workload(c), len(devices), device,
+                       remats=("none",))
+  rows = dry_run.verify_plans(c, plans, devices, top=2)
+  assert [row["rank"] for row in rows if row["fits"]] == sorted(
+      row["rank"] for row in rows if row["fits"])
+  for row in rows:
+    assert row["update"] > 0 and row["rollout"] > 0 and row["ratio_update"] > 0
+  assert len(dry_run.format_verified(rows, device.hbm_bytes)) == 3

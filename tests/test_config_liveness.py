@@ -155,6 +155,8 @@ PROBES = {
     "rollout.top_p": ("rollout", 0.9, {}),
     "rollout.top_k": ("rollout", 5, {}),
     "rollout.prompt_bucket": ("rollout", 64, {}),
+    "rollout.batch_size": ("rollout", 2, {}),
+    "rollout.prefill_batch": ("rollout", 2, {"rollout.batch_size": 2}),
     "rollout.eval_temperature": ("rollout", 0.5, {}),
     "rollout.weight_dtype": ("rollout", "fp8_e4m3", {}),
     "rollout.weight_block_size": ("rollout", 16, FP8),
@@ -415,16 +417,9 @@ def probe_rollout(c, workdir, res):
   with t.placement.scope():
     state = t._policy_state()
     for cfg in (t.rollout_cfg, t.eval_cfg):
-      ids, lens = rollout.prompt_batch(t.train_prompts[:2], cfg)
-      spec = rollout._EngineSpec(
-          slots=2, refill_rows=2, new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-          top_p=cfg.top_p, top_k=cfg.top_k, greedy=cfg.greedy,
-          keep_sampling_mask=cfg.keep_sampling_mask, keep_routing=cfg.keep_routing,
-          vocab_limit=cfg.vocab_limit, pad_id=cfg.pad_id, row_sharding=None)
-      engine = jax.jit(rollout._engine_fn(t.graphdef, spec))
-      i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-      texts.append(_text(engine.lower(state, jax.random.key(0), ids, lens, i32(2), i32(2),
-                                      i32(2), i32(2, 8), i32())))
+      ids, _ = rollout.prompt_batch(t.train_prompts[:2], cfg)
+      texts.append(_text(rollout.lower_engine(t.graphdef, state, cfg, sequences=4,
+                                              prompt_width=ids.shape[1])))
   return texts
 
 
