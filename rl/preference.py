@@ -34,6 +34,7 @@ import optax
 from absl import logging
 from flax import nnx
 
+from models.padding import round_up
 from models.tokenizer import pad_batch
 from rl.losses import bt_loss, dpo_loss
 from rl.rewards.genrm import (BradleyTerryRM, GenerativeRM, at_last_token, judge_prompt,
@@ -258,7 +259,7 @@ def fit_objective(name: str, objective: Callable, model, data: dict[str, np.ndar
 
 def padded_width(sequences: Sequence[Sequence[int]], multiple: int = 16) -> int:
   """The longest sequence's length rounded up to `multiple` (one compiled shape per bucket)."""
-  return -(-max(len(s) for s in sequences) // multiple) * multiple
+  return round_up(max(len(s) for s in sequences), multiple)
 
 
 # ----------------------------------------------------------------------------- Bradley-Terry RM

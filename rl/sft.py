@@ -32,6 +32,7 @@ from flax import nnx
 
 from configs import common
 from models import remat as remat_lib
+from models.padding import round_up
 from models.tokenizer import load_tokenizer, pad_batch
 from rl import train_step as ts
 from rl.checkpoint import Checkpointer, PreemptionGuard, Preempted, save_run_config
@@ -160,7 +161,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     entries = puzzles.with_carry_slips(entries, s.carry_slip_rate, seed=c.seed)
   train_ex = sft_examples(entries, tokenizer, c.data.prompt_template)
   eval_ex = sft_examples(heldout, tokenizer, c.data.prompt_template)
-  width = s.max_len or min(-(-max(len(p) + len(r) for p, r in train_ex + eval_ex) // 8) * 8,
+  width = s.max_len or min(round_up(max(len(p) + len(r) for p, r in train_ex + eval_ex), 8),
                            c.model.max_seq_len)
   train_ex, train_cut = fit_examples(train_ex, width)
   eval_ex, eval_cut = fit_examples(eval_ex, width)
