@@ -40,6 +40,7 @@ from rl.checkpoint import workdir_path
 from rl.placement import Placement
 from rl.data.entries import encode_prompts, load_entries
 from rl.rewards import puzzles
+from rl.sampling import next_token_logprobs
 
 
 def sft_examples(entries, tokenizer, template: str) -> list[tuple[list[int], list[int]]]:
@@ -131,9 +132,7 @@ def make_batch(examples, pad_id: int, width: int) -> dict[str, np.ndarray]:
 def response_nll(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array) -> jax.Array:
   """Summed NLL of the masked tokens (token t predicted from position t - 1; in a packed row
   the first token of an example is a prompt token, so no loss crosses a boundary)."""
-  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32))
-  logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-  return -jnp.sum(logp * loss_mask[:, 1:])
+  return -jnp.sum(next_token_logprobs(logits, tokens) * loss_mask[:, 1:])
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
