@@ -32,6 +32,8 @@ import jinja2.sandbox
 import numpy as np
 import tokenizers
 
+from models.padding import round_up
+
 Message = Mapping[str, Any]
 
 
@@ -392,8 +394,3 @@ def pad_batch(sequences: Sequence[Sequence[int]], *, length: int | None = None,
       start = 0 if side == "right" else target - len(sequence)
       ids_BL[row, start:start + len(sequence)] = sequence
   return ids_BL, lengths_B
-
-
-def round_up(value: int, multiple: int) -> int:
-  """`value` rounded up to a multiple of `multiple` (shape buckets)."""
-  return -(-value // multiple) * multiple

@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from models.tokenizer import round_up
+from models.padding import round_up
 from rl import rollout as rollout_lib
 from rl.data import EVAL_DIR, templates
 from rl.rewards import code as code_reward

@@ -34,10 +34,12 @@ import optax
 from absl import logging
 from flax import nnx
 
+from models.padding import round_up
 from models.tokenizer import pad_batch
 from rl.losses import bt_loss, dpo_loss
 from rl.rewards.genrm import (BradleyTerryRM, GenerativeRM, at_last_token, judge_prompt,
                               split_model)
+from rl.sampling import next_token_logprobs, token_logprobs
 
 # ----------------------------------------------------------------------------- Data
 
@@ -151,9 +153,7 @@ def sequence_logp(logits_BTV: jax.Array, tokens_BT: jax.Array,
                   response_mask_BT: jax.Array) -> jax.Array:
   """Sum of log p(token t | tokens < t) over response tokens (mask 1): [B]. Token t is
   predicted at position t - 1, so the mask must be 0 at position 0."""
-  logp_BTV = jax.nn.log_softmax(logits_BTV[:, :-1].astype(jnp.float32))
-  logp_BT = jnp.take_along_axis(logp_BTV, tokens_BT[:, 1:, None], axis=-1)[..., 0]
-  return jnp.sum(logp_BT * response_mask_BT[:, 1:], axis=-1)
+  return jnp.sum(next_token_logprobs(logits_BTV, tokens_BT) * response_mask_BT[:, 1:], axis=-1)
 
 
 def _both(batch: dict, name: str) -> jax.Array:
@@ -171,7 +171,7 @@ def _judge_objective(params, graphdef, rest, batch, *, yes_id, no_id):
   logits_BTV = nnx.merge(graphdef, params, rest)(batch["tokens"])
   last_BV = at_last_token(logits_BTV, batch["lengths"])
   target = jnp.where(batch["yes"], yes_id, no_id)
-  logp_B = jnp.take_along_axis(jax.nn.log_softmax(last_BV), target[:, None], axis=-1)[:, 0]
+  logp_B = token_logprobs(jax.nn.log_softmax(last_BV), target)
   says_yes = last_BV[:, yes_id] > last_BV[:, no_id]
   return -jnp.mean(logp_B), {"accuracy": jnp.mean(says_yes == batch["yes"])}
 
@@ -258,7 +258,7 @@ def fit_objective(name: str, objective: Callable, model, data: dict[str, np.ndar
 
 def padded_width(sequences: Sequence[Sequence[int]], multiple: int = 16) -> int:
   """The longest sequence's length rounded up to `multiple` (one compiled shape per bucket)."""
-  return -(-max(len(s) for s in sequences) // multiple) * multiple
+  return round_up(max(len(s) for s in sequences), multiple)
 
 
 # ----------------------------------------------------------------------------- Bradley-Terry RM

@@ -20,6 +20,10 @@ token: 33 B at the tiny vocabulary (264), 19 KB at Qwen's 152k, i.e. ~19 MB per 
 response. That is fine for short and medium responses; very long ones at large vocabularies
 want a sparse id list instead. The trainer unpacks it (`unpack_sample_mask`) and passes it to
 `masked_logprobs`, so pi_old and pi_theta share one action space.
+
+`next_token_logprobs` is the one log p(token t | tokens < t) of a sequence that every objective
+reads (RL update, SFT, DPO, the tool warm start); `token_logprobs` reads chosen ids out of a
+distribution.
 """
 
 from __future__ import annotations
@@ -78,6 +82,24 @@ def masked_logprobs(logits: jax.Array, *, temperature: float, kept_mask: jax.Arr
   return jnp.where(jnp.isfinite(log_norm), logp, 0.0)
 
 
+def token_logprobs(logp_all: jax.Array, tokens: jax.Array) -> jax.Array:
+  """log-probs [...] of the ids `tokens` [...] in the distributions `logp_all` [..., V]."""
+  return jnp.take_along_axis(logp_all, tokens[..., None], axis=-1)[..., 0]
+
+
+def next_token_logprobs(logits_BTV: jax.Array, tokens_BT: jax.Array, *,
+                        temperature: float = 1.0,
+                        kept_mask: jax.Array | None = None) -> jax.Array:
+  """log p(tokens[:, t] | tokens[:, :t]) for t = 1..T-1: fp32 [B, T-1].
+
+  Position t - 1 predicts token t, through `masked_logprobs` (logits in fp32 divided by
+  `temperature`, renormalised over `kept_mask` [B, T-1, V], the kept set of each target token,
+  when given). The defaults give log_softmax of the fp32 logits, the supervised losses' choice.
+  """
+  logp_all = masked_logprobs(logits_BTV[:, :-1], temperature=temperature, kept_mask=kept_mask)
+  return token_logprobs(logp_all, tokens_BT[:, 1:])
+
+
 def sampling_logprobs(logits: jax.Array, *, temperature: float, top_p: float = 1.0,
                       top_k: int = 0, vocab_limit: int | None = None
                       ) -> tuple[jax.Array, jax.Array]:
@@ -117,8 +139,7 @@ def sample(keys: jax.Array, logits: jax.Array, *, temperature: float, top_p: flo
                                    vocab_limit=vocab_limit)
     tokens = jax.vmap(jax.random.categorical)(keys, logp)
   tokens = tokens.astype(jnp.int32)
-  token_logp = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
-  return tokens, token_logp, kept
+  return tokens, token_logprobs(logp, tokens), kept
 
 
 def pack_sample_mask(kept_mask: jax.Array) -> jax.Array:

@@ -32,6 +32,7 @@ from flax import nnx
 
 from configs import common
 from models import remat as remat_lib
+from models.padding import round_up
 from models.tokenizer import load_tokenizer, pad_batch
 from rl import train_step as ts
 from rl.checkpoint import Checkpointer, PreemptionGuard, Preempted, save_run_config
@@ -39,6 +40,7 @@ from rl.checkpoint import workdir_path
 from rl.placement import Placement
 from rl.data.entries import encode_prompts, load_entries
 from rl.rewards import puzzles
+from rl.sampling import next_token_logprobs
 
 
 def sft_examples(entries, tokenizer, template: str) -> list[tuple[list[int], list[int]]]:
@@ -130,9 +132,7 @@ def make_batch(examples, pad_id: int, width: int) -> dict[str, np.ndarray]:
 def response_nll(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array) -> jax.Array:
   """Summed NLL of the masked tokens (token t predicted from position t - 1; in a packed row
   the first token of an example is a prompt token, so no loss crosses a boundary)."""
-  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32))
-  logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-  return -jnp.sum(logp * loss_mask[:, 1:])
+  return -jnp.sum(next_token_logprobs(logits, tokens) * loss_mask[:, 1:])
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
@@ -160,7 +160,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     entries = puzzles.with_carry_slips(entries, s.carry_slip_rate, seed=c.seed)
   train_ex = sft_examples(entries, tokenizer, c.data.prompt_template)
   eval_ex = sft_examples(heldout, tokenizer, c.data.prompt_template)
-  width = s.max_len or min(-(-max(len(p) + len(r) for p, r in train_ex + eval_ex) // 8) * 8,
+  width = s.max_len or min(round_up(max(len(p) + len(r) for p, r in train_ex + eval_ex), 8),
                            c.model.max_seq_len)
   train_ex, train_cut = fit_examples(train_ex, width)
   eval_ex, eval_cut = fit_examples(eval_ex, width)

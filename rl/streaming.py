@@ -38,7 +38,8 @@ import jax
 import numpy as np
 
 from models import sharding as sharding_lib
-from models.tokenizer import pad_batch, round_up
+from models.padding import round_up
+from models.tokenizer import pad_batch
 from rl import rollout
 from rl.types import Trajectories
 

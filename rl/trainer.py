@@ -36,7 +36,7 @@ from rl.checkpoint import Checkpointer, MetricsWriter, PreemptionGuard, Preempte
 from rl.checkpoint import save_run_config, workdir_path
 from rl.rewards import manager
 from rl.rewards.shaping import overlong_penalty, place_on_last_token
-from rl.sampling import masked_logprobs, unpack_sample_mask
+from rl.sampling import next_token_logprobs, unpack_sample_mask
 from rl.streaming import StreamingConfig, StreamingRollout
 from rl.tools import reward as tool_reward
 from rl.tools.hook import ToolUse
@@ -415,9 +415,8 @@ class Trainer:
       kept = None
       if sample_mask is not None:
         kept = unpack_sample_mask(sample_mask[:, 1:], out.logits.shape[-1])
-      logp = masked_logprobs(out.logits[:, :-1], temperature=max(c.rollout.temperature, 1e-6),
-                             kept_mask=kept)
-      logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+      logp = next_token_logprobs(out.logits, tokens, temperature=max(c.rollout.temperature, 1e-6),
+                                 kept_mask=kept)
       return jnp.pad(logp, ((0, 0), (1, 0)))
     return logprobs
 

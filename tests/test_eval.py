@@ -15,6 +15,7 @@ import pytest
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from models.padding import round_up
 from rl import evaluation
 from rl.rewards import sandbox
 
@@ -171,7 +172,7 @@ def hf_dir(tmp_path_factory):
   tokenizer.save(str(root / "tokenizer.json"))
   (root / "tokenizer_config.json").write_text(json.dumps({
       "eos_token": "<|endoftext|>", "chat_template": CHATML}))
-  vocab = -(-tokenizer.get_vocab_size() // 8) * 8
+  vocab = round_up(tokenizer.get_vocab_size(), 8)
   model = build("tiny_dense", seed=0, vocab_size=vocab, max_seq_len=1024)
   hf.save_pretrained(model, str(root / "model"), dtype="float32", tokenizer_dir=str(root))
   return str(root / "model")

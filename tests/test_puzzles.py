@@ -344,6 +344,7 @@ def test_expression_evaluator_rejects_before_evaluating():
     ("Answer: 3\nmore thought\n**Answer:** 5 ", "5"),
     ("answer: `4*6`", "4*6"),
     ("  42\n", "42"),
+    ("\\boxed {3} then \\fbox{4}", "4"),  # the math reward's box reader
 ])
 def test_extract_answer(response, expected):
   """Last complete \\boxed{}, else after the last "Answer:", else the whole response, stripped."""

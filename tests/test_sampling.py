@@ -89,6 +89,24 @@ def test_trainer_logprobs_equal_sampler_logprobs():
   assert np.all(np.asarray(empty) == 0.0)
 
 
+def test_next_token_logprobs_shift_and_gather():
+  """Position t - 1 predicts token t: the log-prob of each next token, read from log_softmax of
+  the fp32 logits (bf16 logits give exactly the fp32 numbers of their values), or from the
+  tempered, masked distribution when a temperature and kept mask are given."""
+  logits = jax.random.normal(jax.random.key(1), (2, 5, 11)).astype(jnp.bfloat16) * 3
+  tokens = jax.random.randint(jax.random.key(2), (2, 5), 0, 11)
+  full = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)))
+  expected = np.array([[full[b, t - 1, tokens[b, t]] for t in range(1, 5)] for b in range(2)])
+  got = sampling.next_token_logprobs(logits, tokens)
+  assert got.dtype == jnp.float32 and got.shape == (2, 4)
+  np.testing.assert_array_equal(got, expected)
+  kept = jnp.ones((2, 4, 11), bool).at[..., 0].set(False)
+  tempered = sampling.masked_logprobs(logits[:, :-1], temperature=0.7, kept_mask=kept)
+  np.testing.assert_array_equal(
+      sampling.next_token_logprobs(logits, tokens, temperature=0.7, kept_mask=kept),
+      sampling.token_logprobs(tempered, tokens[:, 1:]))
+
+
 def test_greedy_and_vocab_limit():
   """Greedy takes the argmax among ids below vocab_limit and reports that token's tempered
   log-prob; sampling with vocab_limit never draws a removed id."""

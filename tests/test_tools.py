@@ -20,6 +20,7 @@ from flax import nnx
 
 from configs import common, tool_demo
 from models.config import get_config as get_model_config
+from models.padding import round_up
 from models.tokenizer import ByteTokenizer
 from models.transformer import Transformer
 from rl import algorithms
@@ -217,7 +218,7 @@ def test_turn_limit_and_token_budget_end_episodes_cleanly():
   lengths = np.asarray(traj.response_mask).sum(-1)
   assert lengths[0] == 3 * len(TOKENIZER.encode(call)) and lengths[2] == 512
   assert not traj.finished.any() and traj.truncated.tolist() == [False, False, True]
-  prompt_width = -(-int(traj.prompt_lens.max()) // 16) * 16
+  prompt_width = round_up(int(traj.prompt_lens.max()), 16)
   assert traj.tokens.shape[1] == prompt_width + 512 + 2 * 160
 
 

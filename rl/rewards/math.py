@@ -121,13 +121,15 @@ def _group_end(text: str, open_index: int, limit: int) -> int | None:
   return None
 
 
-def _last_boxed(text: str) -> str | None:
-  """Content of the last complete \\boxed / \\fbox (a truncated last one falls back to earlier).
+def last_boxed(text: str) -> str | None:
+  """Content of the last complete \\boxed / \\fbox (a truncated last one falls back to earlier),
+  or None. The one box reader: the math and puzzle rewards and evaluation all use it.
 
-  Linear in len(text). A group that contains an unclosed one is unclosed too, so the scan for
-  an earlier box's closing brace stops where the later unclosed box starts: no character is
-  scanned twice. (Rescanning to the end for every unclosed box was quadratic: 20,000 of them
-  took minutes.)
+  `\\boxed {x}` and `\\boxed x` (one bare token) count; escaped braces (\\{) are no
+  delimiters. Linear in len(text). A group that contains an unclosed one is unclosed too, so
+  the scan for an earlier box's closing brace stops where the later unclosed box starts: no
+  character is scanned twice. (Rescanning to the end for every unclosed box was quadratic:
+  20,000 of them took minutes.)
   """
   limit = len(text)
   for command in reversed(list(_BOX_COMMAND.finditer(text))):
@@ -174,9 +176,9 @@ def extract_answer(response: str) -> str | None:
   (up to the end of that sentence); last number in the text. Markdown bold around a line or
   phrase answer is dropped (mode="dapo" uses `extract_dapo_answer`, which keeps it, as DAPO does).
   """
-  for extractor in (_last_boxed, _last_answer_line, _last_answer_phrase):
+  for extractor in (last_boxed, _last_answer_line, _last_answer_phrase):
     answer = extractor(response)
-    if extractor is not _last_boxed and answer is not None:
+    if extractor is not last_boxed and answer is not None:
       # Markdown bold ("**Answer:** 42", "the answer is **42**.") and a sentence's period.
       answer = _strip_decoration(answer)
     if answer:

@@ -32,8 +32,9 @@ sympy's parse_expr or eval(). Ours:
   keeping the given ones. graph_color: a JSON map covering exactly the vertices, with allowed
   colours, no edge monochrome.
 
-Answer extraction: the last complete `\\boxed{..}`, else the text after the last "Answer:", else the
-whole response; surrounding whitespace, `*` and backticks are stripped.
+Answer extraction: the last complete `\\boxed{..}` (read by the math reward's `last_boxed`, so
+\\fbox and escaped braces count as they do for math), else the text after the last "Answer:",
+else the whole response; surrounding whitespace, `*` and backticks are stripped.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from rl.rewards.math import last_boxed
+
 # Bounds on what a verifier will look at, so that no response costs more than a few milliseconds.
 MAX_RESPONSE_CHARS = 100_000
 MAX_EXPRESSION_CHARS = 200
@@ -59,35 +62,13 @@ MAX_JSON_CHARS = 4096
 # Answer extraction
 # ---------------------------------------------------------------------------------------------
 
-_BOXED = "\\boxed{"
 _ANSWER_RE = re.compile(r"answer\s*:", re.IGNORECASE)
-
-
-def _last_boxed(text: str) -> str | None:
-  """Contents of the last complete `\\boxed{..}` (balanced braces), in one linear pass."""
-  open_braces: list[tuple[int, bool]] = []  # (content start, opened by \boxed{)
-  last: tuple[int, int] | None = None
-  i = 0
-  while i < len(text):
-    if text.startswith(_BOXED, i):
-      i += len(_BOXED)
-      open_braces.append((i, True))
-      continue
-    char = text[i]
-    if char == "{":
-      open_braces.append((i + 1, False))
-    elif char == "}" and open_braces:
-      start, boxed = open_braces.pop()
-      if boxed and (last is None or start > last[0]):
-        last = (start, i)
-    i += 1
-  return None if last is None else text[last[0]:last[1]]
 
 
 def extract_answer(response: str) -> str:
   """The final answer of a response: last `\\boxed{}`, else after the last "Answer:", else all."""
   text = response[-MAX_RESPONSE_CHARS:]
-  boxed = _last_boxed(text)
+  boxed = last_boxed(text)
   if boxed is None:
     matches = list(_ANSWER_RE.finditer(text))
     boxed = text[matches[-1].end():] if matches else text

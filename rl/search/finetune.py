@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from models.padding import round_up
 from rl.preference import fit_objective
 from rl.sft import make_batch, response_nll
 
@@ -32,7 +33,7 @@ def sft_rows(tokenizer, pairs: Sequence[tuple[str, str]], width: int | None = No
   examples = [(tokenizer.encode(prompt), tokenizer.encode(response) + [tokenizer.eos_id])
               for prompt, response in pairs]
   longest = max(len(p) + len(r) for p, r in examples)
-  width = width or -(-longest // 16) * 16
+  width = width or round_up(longest, 16)
   batch = make_batch(examples, tokenizer.pad_id, width)
   return {"tokens": batch["tokens"], "loss_mask": batch["loss_mask"]}
 

@@ -20,6 +20,7 @@ import optax
 from flax import nnx
 
 from models.tokenizer import IM_END
+from rl.sampling import next_token_logprobs
 from rl.tools import calls, environments
 from rl.tools.rollout import ToolRollout
 
@@ -84,8 +85,7 @@ def warm_start(graphdef, params, rest, batches: Sequence[Any], *, steps: int,
   def step(params, opt_state, tokens, loss_mask, token_mask):
     def loss_fn(params):
       logits = nnx.merge(graphdef, params, rest).forward(tokens, token_mask=token_mask).logits
-      logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32))
-      logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+      logp = next_token_logprobs(logits, tokens)
       mask = loss_mask[:, 1:]
       return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     loss, grads = jax.value_and_grad(loss_fn)(params)

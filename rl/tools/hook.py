@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from models.tokenizer import round_up
+from models.padding import round_up
 from rl import rollout as rollout_lib
 from rl import train_step as ts
 from rl.rewards import sandbox

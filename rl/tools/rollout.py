@@ -41,7 +41,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from models.tokenizer import pad_batch, round_up
+from models.padding import round_up
+from models.tokenizer import pad_batch
 from rl import rollout as rollout_lib
 from rl.tools import calls, environments
 from rl.tools.context import Segment, visible_ids
