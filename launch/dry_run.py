@@ -34,7 +34,7 @@ from models import memory
 from models import planner
 from models import remat as remat_lib
 from models import sharding as sharding_lib
-from models.tokenizer import round_up
+from models.padding import round_up
 from models.config import ModelConfig
 from rl import train_step as ts
 
@@ -392,8 +392,8 @@ def _compiled_lines(label: str, what: str, c: dict[str, float], r: dict[str, Any
       f"per device {per} (cost analysis: XLA counts a loop body once), compiled in "
       f"{c['compile_seconds']:.1f} s"]
   if device is not None and trips and (c["flops"] or c["bytes_accessed"]):
-    lines.append(f"{'':<11} roofline ~{trips * roofline_seconds(c, device) * 1e3:.3g} ms per "
-                 f"update on {device.name} ({trips} x the above; compiled, not run)")
+    lines.append(f"{'':<11} roofline ~{trips * roofline_seconds(c, device):.3g} s per "
+                 f"optimiser step on {device.name} ({trips} x the above; compiled, not run)")
   return lines
 
 

@@ -40,7 +40,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from models import sharding as sharding_lib
-from models.tokenizer import pad_batch, round_up
+from models.padding import round_up
+from models.tokenizer import pad_batch
 from rl import quant, sampling
 from rl.types import Trajectories
 

@@ -26,7 +26,7 @@ from flax import nnx
 from models import remat as remat_lib
 from models.transformer import update_router_biases
 from rl import losses
-from rl.sampling import masked_logprobs, unpack_sample_mask
+from rl.sampling import masked_logprobs, token_logprobs, unpack_sample_mask
 
 
 class TrainState(NamedTuple):
@@ -111,7 +111,7 @@ def policy_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: d
     kept = unpack_sample_mask(batch["sample_mask"][:, 1:], out.logits.shape[-1])
   logp_all = masked_logprobs(out.logits[:, :-1], temperature=temperature, kept_mask=kept)
   targets = batch["tokens"][:, 1:]
-  logp = jnp.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]
+  logp = token_logprobs(logp_all, targets)
   mask = batch["response_mask"][:, 1:].astype(jnp.float32)
   logp_old = batch["logp_old"][:, 1:]
   adv = batch["advantages"][:, 1:]
