@@ -1,20 +1,38 @@
-"""Rollout throughput: tokens/s of the KV-cached engine, its bandwidth roofline, and (optionally)
-the speed-up over recomputing the full forward pass for every new token.
+"""Rollout throughput: tokens/s of the KV-cached engine, its bandwidth roofline, the speed-up over
+recomputing the full forward pass for every new token, and a side-by-side against other
+generation stacks on the same Hugging Face checkpoint.
 
-  python launch/bench_rollout.py --model=tiny_dense --batch=8 --prompt_len=32 --response_len=256
-  python launch/bench_rollout.py --model=tiny_qwen3_moe --batch=32 --no_naive
+  python launch/bench_rollout.py --model=tiny_dense --batches=8 --prompt_len=32 --response_len=256
+  python launch/bench_rollout.py --model=tiny_qwen3_moe --batches=32 --no_naive
+  python launch/bench_rollout.py --hf_dir=/path/to/Qwen2.5-0.5B --batches=1,8,32 --greedy \
+      --prompt_len=64 --response_len=128 --compare=hf,vllm,tunix
 
-Decoding is memory-bound: every step reads the weights once and each row's KV cache. The
-roofline step time is (weight bytes + KV bytes per step) / measured bandwidth, with bandwidth
-measured here by a large jitted array copy; the achieved fraction is roofline / measured step
-time. Two KV figures are printed: the ideal one (each row reads only its valid tokens, mean
-context P + M/2) and what this engine reads (the whole fixed-shape [B, P+M] cache every step,
-masked). On the tiny models per-step dispatch overhead dominates, so the fraction is small;
-it is meaningful for real model sizes on accelerators.
+Preset mode (--model): decoding is memory-bound: every step reads the weights once and each
+row's KV cache. The roofline step time is (weight bytes + KV bytes per step) / bandwidth, with
+bandwidth the host's measured copy bandwidth (`measure_bandwidth`); the achieved fraction is
+roofline / measured step time. Two KV figures are printed: the ideal one (each row reads only
+its valid tokens, mean context P + M/2) and what this engine reads (the whole fixed-shape
+[B, P+M] cache every step, masked). On the tiny models per-step dispatch overhead dominates, so
+the fraction is small; it is meaningful for real model sizes.
+
+Side-by-side mode (--hf_dir): seedrl (models.hf.load_pretrained + the rollout engine) and each
+system of --compare (HF transformers `generate`; vLLM and Tunix when importable) decode the same
+random prompts (ids in [1, vocab) from --seed; 0 is the pad id) at each --batches size, stop
+ids off so every row yields exactly --response_len tokens. Per system and batch: tok/s = B*M /
+median wall time of --repeats calls after a warm-up call (prefill included); TTFT = median wall
+time of the same call with one new token (prefill of the batch + its first token; for seedrl an
+engine run with response_len=1); compile = the warm-up call's wall time (jit compilation for the
+JAX systems); fraction of bound = (tok/s / B) / (copy bandwidth / weight bytes), i.e. decode
+steps/s against the weight-read bound (KV reads ignored, so at large batches the true bound is
+lower); with --greedy, agreement = fraction of rows x positions equal to seedrl's tokens and the
+mean position where a row first differs. A markdown table for docs/performance.md ends the run.
 """
 
 from __future__ import annotations
 
+import datetime
+import importlib.metadata
+import importlib.util
 import os
 import sys
 import time
@@ -28,49 +46,70 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from models import cache as cache_lib  # noqa: E402
+from models import hf  # noqa: E402
+from models.config import ModelConfig  # noqa: E402
 from models.transformer import build, param_counts  # noqa: E402
 from rl import rollout, sampling  # noqa: E402
 
 _MODEL = flags.DEFINE_string("model", "tiny_dense", "Model preset (models/config.py).")
-_BATCH = flags.DEFINE_integer("batch", 8, "Sequences decoded together.")
+_HF_DIR = flags.DEFINE_string("hf_dir", None, "A Hugging Face model directory (config.json + "
+                              "safetensors) instead of --model: the side-by-side mode.")
+_BATCHES = flags.DEFINE_list("batches", ["8"], "Batch sizes: one run each, same prompts.")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "Prompt tokens per sequence.")
 _RESPONSE_LEN = flags.DEFINE_integer("response_len", 256, "New tokens per sequence.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs (after one compile run).")
-_NAIVE = flags.DEFINE_bool("naive", True, "Also time full-forward-per-token decoding.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs (median, after one warm-up run).")
+_GREEDY = flags.DEFINE_bool("greedy", False, "Greedy decoding (else temperature 1 sampling); "
+                            "stop ids are off either way.")
+_NAIVE = flags.DEFINE_bool("naive", True, "Preset mode: also time full-forward-per-token "
+                           "decoding.")
+_COMPARE = flags.DEFINE_list("compare", [], "With --hf_dir: other systems on the same "
+                             "checkpoint, of hf, vllm, tunix (vllm / tunix only if installed).")
+_DTYPE = flags.DEFINE_string("dtype", "float32", "With --hf_dir: parameter dtype, every system.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the random prompt ids.")
 
+COMPARED = ("hf", "vllm", "tunix")
+
+
+# ------------------------------------------------------------------------------ Measuring
 
 def measure_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
-  """Bytes/s of a jitted elementwise pass over a large fp32 array (one read + one write)."""
-  x = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
-  scale = jax.jit(lambda a: a * 1.0001)
-  scale(x).block_until_ready()
+  """The host's copy bandwidth in bytes/s (read + write): best of `repeats` np.copyto between
+  two preallocated fp32 arrays of `megabytes` each.
+
+  This is the bound for decoding on the CPU. On an accelerator host the bound must come from the
+  device (its HBM bandwidth), not from this figure. A jitted elementwise pass is not used: on
+  CPU it is limited by XLA's threading, not memory (~5 GB/s on a 2-core host that copies at
+  35-43 GB/s), which inflated roofline fractions ~8x.
+  """
+  src = np.ones((megabytes * 2**20 // 4,), np.float32)
+  dst = np.empty_like(src)
+  np.copyto(dst, src)  # faults the destination's pages in before timing
   best = float("inf")
   for _ in range(repeats):
     start = time.perf_counter()
-    scale(x).block_until_ready()
+    np.copyto(dst, src)
     best = min(best, time.perf_counter() - start)
-  return 2 * x.nbytes / best
+  return 2 * src.nbytes / best
 
 
-def naive_decode_fn(graphdef, new_tokens: int, temperature: float):
-  """Decoding without a cache: each step runs the full forward over the whole [B, P+M] buffer
-  and samples from the logits at each row's last position (same RNG streams as the engine)."""
+def time_calls(call, repeats: int):
+  """Returns (seconds of a first warm-up call, median seconds of `repeats` more, last output)."""
+  start = time.perf_counter()
+  out = call()
+  first_s = time.perf_counter() - start
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    out = call()
+    times.append(time.perf_counter() - start)
+  return first_s, float(np.median(times)), out
 
-  @jax.jit
-  def run(state, tokens, lens, rng):
-    model = nnx.merge(graphdef, state)
-    rows = jnp.arange(tokens.shape[0])
-    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, rows)
 
-    def body(t, tokens):
-      logits = model.forward(tokens).logits[rows, lens + t - 1]
-      step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, t)
-      token, _, _ = sampling.sample(step_keys, logits, temperature=temperature)
-      return tokens.at[rows, lens + t].set(token)
-
-    return jax.lax.fori_loop(0, new_tokens, body, tokens)
-
-  return run
+def random_prompts(batch: int, prompt_len: int, vocab_size: int, seed: int = 0) -> np.ndarray:
+  """int32 [batch, prompt_len] ids in [1, vocab_size) (0 is every system's pad id); the first
+  rows do not depend on `batch`, so each batch size decodes a prefix of the same prompts."""
+  rng = np.random.default_rng(seed)
+  return rng.integers(1, vocab_size, size=(batch, prompt_len)).astype(np.int32)
 
 
 def weight_bytes_per_step(model, batch: int) -> int:
@@ -86,32 +125,179 @@ def weight_bytes_per_step(model, batch: int) -> int:
   return int((counts["total"] - all_experts + cfg.n_moe_layers * hit * per_expert) * itemsize)
 
 
-def benchmark(model_name: str, batch: int, prompt_len: int, response_len: int, *,
-              repeats: int = 3, naive: bool = True, log=print) -> dict[str, float]:
-  """Runs the benchmark and returns its numbers (also printed through `log`)."""
-  model = build(model_name, seed=0)
-  graphdef, state = nnx.split(model)
-  cfg = model.cfg
-  rng = jax.random.key(0)
-  prompt_ids = np.asarray(jax.random.randint(jax.random.key(1), (batch, prompt_len), 7, 263),
-                          np.int32)
-  prompt_lens = np.full((batch,), prompt_len, np.int32)
-  rollout_cfg = rollout.RolloutConfig(max_new_tokens=response_len, temperature=1.0,
-                                      max_prompt_len=prompt_len)
+# -------------------------------------------------------------------------------- Systems
+# Each system: `name` and generate(prompt_ids [B, P] int32, new_tokens M) -> tokens [B, M].
 
-  def engine_run():
-    out = rollout.run_engine(graphdef, state, prompt_ids, prompt_lens, rng, rollout_cfg)
+class SeedRLEngine:
+  """seedrl's rollout engine (rl.rollout.run_engine) on full-width prompts, stop ids off."""
+
+  name = "seedrl"
+
+  def __init__(self, model, greedy: bool):
+    self.graphdef, self.state = nnx.split(model)
+    self.cfg = rollout.RolloutConfig(greedy=greedy, temperature=1.0)
+    self.rng = jax.random.key(0)
+
+  def run(self, prompt_ids: np.ndarray, new_tokens: int) -> dict:
+    """The engine's output dict (tokens [B, P+M], new_count, decode_steps, ...)."""
+    batch, prompt_len = prompt_ids.shape
+    cfg = self.cfg.replace(max_new_tokens=new_tokens, max_prompt_len=prompt_len)
+    out = rollout.run_engine(self.graphdef, self.state, prompt_ids,
+                             np.full((batch,), prompt_len, np.int32), self.rng, cfg)
     return jax.block_until_ready(out)
 
-  start = time.perf_counter()
-  out = engine_run()
-  compile_s = time.perf_counter() - start
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    out = engine_run()
-    times.append(time.perf_counter() - start)
-  cached_s = min(times)
+  def generate(self, prompt_ids: np.ndarray, new_tokens: int) -> np.ndarray:
+    return np.asarray(self.run(prompt_ids, new_tokens)["tokens"])[:, prompt_ids.shape[1]:]
+
+
+class HFGenerate:
+  """HF transformers `generate` (torch), every row exactly M tokens."""
+
+  name = "hf"
+
+  def __init__(self, hf_dir: str, dtype: str, greedy: bool):
+    import torch
+    import transformers
+    self.torch = torch
+    self.model = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_dir, dtype=getattr(torch, dtype)).eval()
+    # A directory's generation_config.json (sampling defaults, EOS ids, repetition penalty)
+    # would change the decoding rule: start from a blank one and set everything per call.
+    self.model.generation_config = transformers.GenerationConfig()
+    self.options = dict(do_sample=not greedy, eos_token_id=None, pad_token_id=0)
+    if not greedy:
+      self.options.update(temperature=1.0, top_k=0, top_p=1.0)
+
+  def generate(self, prompt_ids: np.ndarray, new_tokens: int) -> np.ndarray:
+    ids = self.torch.from_numpy(prompt_ids.astype(np.int64))
+    with self.torch.no_grad():
+      out = self.model.generate(ids, attention_mask=self.torch.ones_like(ids),
+                                max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                **self.options)
+    return out[:, prompt_ids.shape[1]:].numpy()
+
+
+class VLLMGenerate:
+  """vLLM's offline LLM on token ids (no tokenizer), EOS ignored."""
+
+  name = "vllm"
+
+  def __init__(self, hf_dir: str, dtype: str, greedy: bool, max_len: int):
+    import vllm
+    self.vllm = vllm
+    self.greedy = greedy
+    # generation_config="vllm": ignore the directory's sampling defaults, as for HF above.
+    self.llm = vllm.LLM(model=hf_dir, dtype=dtype, skip_tokenizer_init=True,
+                        max_model_len=max_len, seed=0, generation_config="vllm")
+
+  def generate(self, prompt_ids: np.ndarray, new_tokens: int) -> np.ndarray:
+    params = self.vllm.SamplingParams(temperature=0.0 if self.greedy else 1.0, top_p=1.0,
+                                      max_tokens=new_tokens, min_tokens=new_tokens,
+                                      ignore_eos=True, detokenize=False)
+    outs = self.llm.generate([{"prompt_token_ids": row.tolist()} for row in prompt_ids],
+                             params, use_tqdm=False)
+    return np.array([o.outputs[0].token_ids for o in outs], np.int32)
+
+
+class _IdsAsText:
+  """Tunix's sampler takes strings: a prompt is its ids as decimal text. No bos; pad 0 (prompt
+  ids are >= 1); eos -1, which is never generated (stop ids off)."""
+
+  def encode(self, text: str, **_) -> list[int]:
+    return [int(t) for t in text.split()]
+
+  def decode(self, ids, **_) -> str:
+    return " ".join(str(int(i)) for i in ids)
+
+  def bos_id(self):
+    return None
+
+  def eos_id(self) -> int:
+    return -1
+
+  def pad_id(self) -> int:
+    return 0
+
+
+class TunixGenerate:
+  """Tunix's Qwen2 model and vanilla sampler, loaded from the same safetensors."""
+
+  name = "tunix"
+
+  def __init__(self, hf_dir: str, cfg: ModelConfig, greedy: bool, max_len: int):
+    from tunix.generate import sampler as sampler_lib
+    from tunix.models.qwen2 import model as qwen2_model
+    from tunix.models.qwen2 import params as qwen2_params
+    dtype = jnp.dtype(cfg.param_dtype)
+    config = qwen2_model.ModelConfig(
+        num_layers=cfg.n_layers, vocab_size=cfg.vocab_size, embed_dim=cfg.d_model,
+        hidden_dim=cfg.mlp_dim, num_heads=cfg.n_heads, head_dim=cfg.gqa_head_dim,
+        num_kv_heads=cfg.kv_heads, rope_theta=int(cfg.rope_theta), norm_eps=cfg.rms_norm_eps,
+        use_tied_embedding=cfg.tie_embeddings, dtype=dtype, param_dtype=dtype)
+    model = qwen2_params.create_model_from_safe_tensors(hf_dir, config, dtype=dtype)
+    cache = sampler_lib.CacheConfig(cache_size=max_len, num_layers=cfg.n_layers,
+                                    num_kv_heads=cfg.kv_heads, head_dim=cfg.gqa_head_dim)
+    self.sampler = sampler_lib.Sampler(model, _IdsAsText(), cache)
+    self.sampling = dict(temperature=0.0) if greedy else dict(temperature=1.0, top_p=1.0)
+
+  def generate(self, prompt_ids: np.ndarray, new_tokens: int) -> np.ndarray:
+    out = self.sampler([" ".join(map(str, row)) for row in prompt_ids],
+                       max_generation_steps=new_tokens, max_prompt_length=prompt_ids.shape[1],
+                       eos_tokens=[-1], seed=0, **self.sampling)
+    return np.stack([np.asarray(t) for t in out.tokens]).astype(np.int32)
+
+
+def make_system(name: str, hf_dir: str, cfg: ModelConfig, *, greedy: bool, max_len: int,
+                log=print):
+  """The system called `name` on `hf_dir`, or None (with one line through `log`) when it is an
+  optional extra that is not installed or cannot load this checkpoint."""
+  if name in ("vllm", "tunix") and importlib.util.find_spec(name) is None:
+    log(f"{name}: not installed (an optional extra, not a requirement); skipped")
+    return None
+  dtype = jnp.dtype(cfg.param_dtype).name
+  if name == "hf":
+    return HFGenerate(hf_dir, dtype, greedy)
+  if name == "vllm":
+    return VLLMGenerate(hf_dir, dtype, greedy, max_len)
+  if hf.family_of(cfg) != "qwen2":
+    log(f"tunix: only qwen2 checkpoints are wired here (this is {hf.family_of(cfg)}); skipped")
+    return None
+  return TunixGenerate(hf_dir, cfg, greedy, max_len)
+
+
+# ---------------------------------------------------------------------------- Preset mode
+
+def naive_decode_fn(graphdef, new_tokens: int, cfg: rollout.RolloutConfig):
+  """Decoding without a cache: each step runs the full forward over the whole [B, P+M] buffer
+  and samples from the logits at each row's last position (same RNG streams as the engine)."""
+
+  @jax.jit
+  def run(state, tokens, lens, rng):
+    model = nnx.merge(graphdef, state)
+    rows = jnp.arange(tokens.shape[0])
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, rows)
+
+    def body(t, tokens):
+      logits = model.forward(tokens).logits[rows, lens + t - 1]
+      step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, t)
+      token, _, _ = sampling.sample(step_keys, logits, temperature=cfg.temperature,
+                                    greedy=cfg.greedy)
+      return tokens.at[rows, lens + t].set(token)
+
+    return jax.lax.fori_loop(0, new_tokens, body, tokens)
+
+  return run
+
+
+def benchmark(model_name: str, batch: int, prompt_len: int, response_len: int, *,
+              repeats: int = 3, naive: bool = True, greedy: bool = False,
+              log=print) -> dict[str, float]:
+  """Runs the preset benchmark and returns its numbers (also printed through `log`)."""
+  model = build(model_name, seed=0)
+  cfg = model.cfg
+  engine = SeedRLEngine(model, greedy)
+  prompt_ids = random_prompts(batch, prompt_len, cfg.vocab_size)
+  compile_s, cached_s, out = time_calls(lambda: engine.run(prompt_ids, response_len), repeats)
   generated = int(np.asarray(out["new_count"]).sum())
   steps = int(out["decode_steps"])
   tokens_per_s = generated / cached_s
@@ -132,21 +318,23 @@ def benchmark(model_name: str, batch: int, prompt_len: int, response_len: int, *
       "roofline_fraction_engine_reads": roofline_engine / step_s,
   }
   log(f"model={model_name} batch={batch} prompt={prompt_len} response={response_len} "
-      f"device={jax.devices()[0].platform}")
-  log(f"cached engine: {generated} tokens in {cached_s:.3f}s = {tokens_per_s:,.0f} tokens/s "
-      f"({steps} decode steps, {step_s * 1e3:.3f} ms/step; compile+first run {compile_s:.1f}s)")
+      f"greedy={greedy} device={jax.devices()[0].platform}")
+  log(f"cached engine: {generated} tokens in {cached_s:.3f}s (median) = {tokens_per_s:,.0f} "
+      f"tokens/s ({steps} decode steps, {step_s * 1e3:.3f} ms/step; compile+first run "
+      f"{compile_s:.1f}s)")
   log(f"roofline: weights {weights / 1e6:.2f} MB + KV {kv_ideal / 1e6:.2f} MB (ideal; engine "
-      f"reads {kv_full / 1e6:.2f} MB) per step over {bandwidth / 1e9:.1f} GB/s measured = "
-      f"{roofline_ideal * 1e3:.4f} ms/step; achieved {results['roofline_fraction']:.1%} of "
-      f"roofline ({results['roofline_fraction_engine_reads']:.1%} counting the engine's reads)")
+      f"reads {kv_full / 1e6:.2f} MB) per step over {bandwidth / 1e9:.1f} GB/s (host copy "
+      f"bandwidth) = {roofline_ideal * 1e3:.4f} ms/step; achieved "
+      f"{results['roofline_fraction']:.1%} of roofline "
+      f"({results['roofline_fraction_engine_reads']:.1%} counting the engine's reads)")
 
   if naive:
-    naive_run = naive_decode_fn(graphdef, response_len, rollout_cfg.temperature)
+    naive_run = naive_decode_fn(engine.graphdef, response_len, engine.cfg)
     buffer = np.pad(prompt_ids, ((0, 0), (0, response_len)))
-    jax.block_until_ready(naive_run(state, buffer, prompt_lens, rng))
-    start = time.perf_counter()
-    naive_tokens = jax.block_until_ready(naive_run(state, buffer, prompt_lens, rng))
-    naive_s = time.perf_counter() - start
+    prompt_lens = np.full((batch,), prompt_len, np.int32)
+    _, naive_s, naive_tokens = time_calls(
+        lambda: jax.block_until_ready(naive_run(engine.state, buffer, prompt_lens, engine.rng)),
+        repeats=1)
     same = float(np.mean(np.asarray(naive_tokens) == np.asarray(out["tokens"])))
     results.update(naive_tokens_per_s=batch * response_len / naive_s,
                    speedup=naive_s / cached_s, naive_same_tokens=same)
@@ -156,11 +344,141 @@ def benchmark(model_name: str, batch: int, prompt_len: int, response_len: int, *
   return results
 
 
+# ------------------------------------------------------------------------- Side by side
+
+def agreement(reference: np.ndarray, tokens: np.ndarray) -> tuple[float, float]:
+  """(fraction of [B, M] positions equal, mean over rows of the first differing position; M for
+  a row that never differs)."""
+  differs = reference != tokens
+  first = np.where(differs.any(1), differs.argmax(1), differs.shape[1])
+  return float(1 - differs.mean()), float(first.mean())
+
+
+def measure(system, prompt_ids: np.ndarray, new_tokens: int, repeats: int) -> dict:
+  """One system at one batch size: tok/s, TTFT and compile (see module docstring) + tokens."""
+  batch = prompt_ids.shape[0]
+  compile_s, run_s, tokens = time_calls(lambda: system.generate(prompt_ids, new_tokens), repeats)
+  _, ttft_s, _ = time_calls(lambda: system.generate(prompt_ids, 1), repeats)
+  if tokens.shape != (batch, new_tokens):
+    raise RuntimeError(f"{system.name} returned tokens {tokens.shape}, expected "
+                       f"{(batch, new_tokens)}: it stopped early or padded")
+  return {"system": system.name, "batch": batch, "tokens_per_s": batch * new_tokens / run_s,
+          "ttft_s": ttft_s, "compile_s": compile_s, "tokens": tokens}
+
+
+def host_line(system_names) -> str:
+  """CPU model, usable cores, the package versions of the systems run, and today's date."""
+  cpu = "unknown cpu"
+  if os.path.exists("/proc/cpuinfo"):
+    with open("/proc/cpuinfo") as f:
+      cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                 cpu)
+  packages = ["jax", "torch", "transformers"] + [s for s in ("vllm", "tunix") if s in system_names]
+  versions = []
+  for package in packages:
+    try:
+      versions.append(f"{package} {importlib.metadata.version(package)}")
+    except importlib.metadata.PackageNotFoundError:
+      versions.append(f"{package} not installed")
+  return (f"host: {cpu}, nproc {len(os.sched_getaffinity(0))}; {', '.join(versions)}; "
+          f"{datetime.date.today().isoformat()}")
+
+
+def markdown_table(rows: list[dict], greedy: bool) -> str:
+  """The side-by-side rows as a markdown table (system | batch | tok/s | TTFT | compile |
+  fraction of bound | agreement)."""
+  lines = ["| system | batch | tok/s | TTFT | compile | fraction of bound | agreement |",
+           "|---|---:|---:|---:|---:|---:|---|"]
+  for row in rows:
+    if row["system"] == "seedrl":
+      agree = "reference"
+    elif not greedy:
+      agree = "n/a (sampling)"
+    else:
+      agree = (f"{row['agreement']:.1%} (rows first differ at {row['first_divergence']:.1f} "
+               "on average)" if row["agreement"] < 1 else "100.0%")
+    lines.append(f"| {row['system']} | {row['batch']} | {row['tokens_per_s']:,.1f} | "
+                 f"{row['ttft_s'] * 1e3:,.1f} ms | {row['compile_s']:.2f} s | "
+                 f"{row['fraction_of_bound']:.1%} | {agree} |")
+  return "\n".join(lines)
+
+
+def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
+                 compare=(), greedy: bool = True, repeats: int = 3, dtype: str = "float32",
+                 seed: int = 0, log=print) -> list[dict]:
+  """seedrl and each system of `compare` on the HF directory `hf_dir` at each batch size.
+
+  Returns one dict per (batch, system) with system, batch, tokens_per_s, ttft_s, compile_s,
+  fraction_of_bound, tokens [B, M] and, for the systems other than seedrl under greedy
+  decoding, agreement and first_divergence against seedrl; logs progress, then the header lines
+  and the markdown table.
+  """
+  unknown = sorted(set(compare) - set(COMPARED))
+  if unknown:
+    raise ValueError(f"--compare: unknown systems {unknown}; choose from {COMPARED}")
+  start = time.perf_counter()
+  model = hf.load_pretrained(hf_dir, dtype=dtype)
+  load_s = {"seedrl": time.perf_counter() - start}
+  systems = [SeedRLEngine(model, greedy)]
+  for name in compare:
+    start = time.perf_counter()
+    system = make_system(name, hf_dir, model.cfg, greedy=greedy,
+                         max_len=prompt_len + response_len, log=log)
+    if system is not None:
+      systems.append(system)
+      load_s[name] = time.perf_counter() - start
+
+  bandwidth = measure_bandwidth()
+  weights = weight_bytes_per_step(model, 1)
+  bound_steps_per_s = bandwidth / weights
+  prompts = random_prompts(max(batches), prompt_len, model.cfg.vocab_size, seed)
+  rows = []
+  for batch in batches:
+    reference = None
+    for system in systems:
+      row = measure(system, prompts[:batch], response_len, repeats)
+      row["fraction_of_bound"] = row["tokens_per_s"] / batch / bound_steps_per_s
+      if reference is None:
+        reference = row["tokens"]
+      elif greedy:
+        row["agreement"], row["first_divergence"] = agreement(reference, row["tokens"])
+      log(f"{system.name} batch {batch}: {row['tokens_per_s']:,.1f} tok/s, TTFT "
+          f"{row['ttft_s'] * 1e3:.1f} ms, compile {row['compile_s']:.2f} s")
+      rows.append(row)
+
+  params = param_counts(model.cfg)["total"]
+  log("")
+  log(host_line(load_s))
+  log(f"model: {hf_dir} ({params / 1e6:.1f}M params, {dtype}); prompt {prompt_len}, response "
+      f"{response_len}, {'greedy' if greedy else 'sampling T=1'}, stop ids off; median of "
+      f"{repeats} runs after a warm-up")
+  log(f"bound at batch 1: {weights / 1e6:.1f} MB of weights / {bandwidth / 1e9:.1f} GB/s host "
+      f"copy bandwidth = {bound_steps_per_s:,.1f} tok/s (fraction of bound: (tok/s / batch) / "
+      "this)")
+  log("TTFT: the same call with 1 new token (prefill of the batch + its first token; seedrl: "
+      "an engine run with response_len=1); compile: the warm-up call")
+  log("load: " + ", ".join(f"{name} {s:.1f}s" for name, s in load_s.items()))
+  log("")
+  log(markdown_table(rows, greedy))
+  return rows
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  benchmark(_MODEL.value, _BATCH.value, _PROMPT_LEN.value, _RESPONSE_LEN.value,
-            repeats=_REPEATS.value, naive=_NAIVE.value)
+  batches = [int(b) for b in _BATCHES.value]
+  if _HF_DIR.value:
+    if flags.FLAGS["model"].present:
+      raise app.UsageError("--model and --hf_dir are alternatives: give one")
+    side_by_side(_HF_DIR.value, batches, _PROMPT_LEN.value, _RESPONSE_LEN.value,
+                 compare=_COMPARE.value, greedy=_GREEDY.value, repeats=_REPEATS.value,
+                 dtype=_DTYPE.value, seed=_SEED.value)
+    return
+  if _COMPARE.value:
+    raise app.UsageError("--compare needs --hf_dir (the other systems load an HF directory)")
+  for batch in batches:
+    benchmark(_MODEL.value, batch, _PROMPT_LEN.value, _RESPONSE_LEN.value,
+              repeats=_REPEATS.value, naive=_NAIVE.value, greedy=_GREEDY.value)
 
 
 if __name__ == "__main__":

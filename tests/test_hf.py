@@ -142,6 +142,26 @@ def test_greedy_decoding_matches_generate(family, ckpt_root):
   np.testing.assert_array_equal(generated, expected)
 
 
+def test_bench_side_by_side_agrees_with_generate(ckpt_root):
+  """launch/bench_rollout.py --hf_dir --compare=hf --greedy on the tiny qwen2 checkpoint (fp32):
+  at batch 1 and 2, 8 new tokens, seedrl's engine and transformers' generate give the same
+  tokens (agreement 1.0: prompt seed 0 has no near-tie) and every tok/s and TTFT is positive."""
+  from launch.bench_rollout import side_by_side
+  lines = []
+  rows = side_by_side(hf_checkpoint("qwen2", ckpt_root), [1, 2], prompt_len=8, response_len=8,
+                      compare=["hf"], greedy=True, repeats=1, log=lines.append)
+  assert [(r["system"], r["batch"]) for r in rows] == [
+      ("seedrl", 1), ("hf", 1), ("seedrl", 2), ("hf", 2)]
+  for row in rows:
+    assert row["tokens_per_s"] > 0 and row["ttft_s"] > 0 and row["fraction_of_bound"] > 0, row
+    assert row["tokens"].shape == (row["batch"], 8)
+  for row in rows[1::2]:
+    assert row["agreement"] == 1.0 and row["first_divergence"] == 8, row
+  report = "\n".join(lines)
+  assert "| system | batch | tok/s | TTFT | compile | fraction of bound | agreement |" in report
+  assert "host copy bandwidth" in report
+
+
 @pytest.mark.parametrize("family", ["qwen2", "deepseek_v32"])
 def test_export_round_trip(family, ckpt_root, tmp_path):
   """Our save_pretrained -> transformers from_pretrained -> the same logits."""
