@@ -200,12 +200,7 @@ def _compiled_rollout(config, mesh, graphdef, model_state, shape: dict[str, int]
   """The rollout engine (rl/rollout.py: prefill, then the decode loop) for `rollout_shape`,
   compiled for `mesh`: `_analysis` per device."""
   from rl import rollout as rollout_lib
-  r = config.rollout
-  cfg = rollout_lib.RolloutConfig(
-      max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-      greedy=r.temperature == 0, prompt_bucket=r.prompt_bucket, batch_size=r.batch_size,
-      prefill_batch=r.prefill_batch, keep_sampling_mask=config.rl.keep_sampling_mask,
-      keep_routing=config.rl.keep_routing)
+  cfg = rollout_lib.run_rollout_config(config)
   platform = mesh.devices.flat[0].platform
   with jax.set_mesh(mesh), kernels.target_platform(platform):
     lowered = rollout_lib.lower_engine(graphdef, model_state, cfg, **shape,

@@ -93,6 +93,20 @@ class RolloutConfig:
     return dataclasses.replace(self, **changes)
 
 
+def run_rollout_config(config, *, stop_ids: Sequence[int] = (), pad_id: int = 0
+                       ) -> RolloutConfig:
+  """The training rollouts' settings of a run config (config.rollout, config.rl's
+  keep-sampling-mask and keep-routing; temperature 0 is greedy) with the tokenizer's stop and
+  pad ids: what the trainer samples with and the dry run compiles."""
+  r = config.rollout
+  return RolloutConfig(
+      max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+      greedy=r.temperature == 0, stop_ids=tuple(stop_ids), prompt_bucket=r.prompt_bucket,
+      batch_size=r.batch_size, prefill_batch=r.prefill_batch,
+      keep_sampling_mask=config.rl.keep_sampling_mask, keep_routing=config.rl.keep_routing,
+      pad_id=pad_id)
+
+
 @dataclasses.dataclass(frozen=True)
 class _EngineSpec:
   """Everything static about one compiled engine (shapes come from the arguments)."""

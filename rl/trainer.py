@@ -199,13 +199,8 @@ class Trainer:
           ts.critic_objective, self.critic_graphdef, self.critic_optimizer,
           micro_batches=c.train.micro_batches, rl=rl, max_len=max_len,
           state_sharding=self.placement.state_sharding(self.critic), offload_optimizer=offload)
-    self.rollout_cfg = rollout_lib.RolloutConfig(
-        max_new_tokens=c.rollout.max_new_tokens, temperature=c.rollout.temperature,
-        top_p=c.rollout.top_p, top_k=c.rollout.top_k, greedy=c.rollout.temperature == 0,
-        stop_ids=tuple(self.tokenizer.stop_ids), prompt_bucket=c.rollout.prompt_bucket,
-        batch_size=c.rollout.batch_size, prefill_batch=c.rollout.prefill_batch,
-        keep_sampling_mask=c.rl.keep_sampling_mask, keep_routing=c.rl.keep_routing,
-        pad_id=self.tokenizer.pad_id)
+    self.rollout_cfg = rollout_lib.run_rollout_config(
+        c, stop_ids=self.tokenizer.stop_ids, pad_id=self.tokenizer.pad_id)
     self.eval_cfg = self.rollout_cfg.replace(greedy=c.rollout.eval_temperature == 0,
                                              temperature=c.rollout.eval_temperature or 1.0,
                                              keep_sampling_mask=False, keep_routing=False)

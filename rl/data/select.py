@@ -169,11 +169,9 @@ def sample_and_select(config: ml_collections.ConfigDict, checkpoint: str, *, rul
   records = [{"prompt": prompt_of(e), **e} for e in entries]
   index_of = {id(r): i for i, r in enumerate(records)}
   prompt_ids = encode_prompts(entries, tokenizer, config.data.prompt_template)
-  cfg = rollout_lib.RolloutConfig(
-      max_new_tokens=config.rollout.max_new_tokens, temperature=config.rollout.temperature,
-      top_p=config.rollout.top_p, top_k=config.rollout.top_k, greedy=False,
-      stop_ids=tuple(tokenizer.stop_ids), prompt_bucket=config.rollout.prompt_bucket,
-      pad_id=tokenizer.pad_id)
+  cfg = rollout_lib.run_rollout_config(
+      config, stop_ids=tokenizer.stop_ids, pad_id=tokenizer.pad_id).replace(
+          greedy=False, keep_sampling_mask=False, keep_routing=False)
   calls = [0]
   t0 = time.perf_counter()
 
