@@ -36,6 +36,7 @@ from models import remat as remat_lib
 from models import sharding as sharding_lib
 from models.padding import round_up
 from models.config import ModelConfig
+from rl import placement as placement_lib
 from rl import train_step as ts
 
 GiB = 2**30
@@ -226,7 +227,7 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   cfg = common.model_config(config)
   plan = None
   if config.mesh.auto:  # the best mesh of models/planner.py for the config's remat / offload
-    plan = planner.best_mesh(config, config.mesh.devices or len(devices),
+    plan = placement_lib.best_mesh(config, config.mesh.devices or len(devices),
                              planner.device_kind(config.mesh.device_kind))
   mesh, concrete = mesh_for(config, plan.mesh if plan else None, devices)
   if compile_step and not concrete:

@@ -51,6 +51,7 @@ def main(argv):
 
   from configs import common
   from models import planner
+  from rl import placement
   config = _CONFIG.value
   common.validate(config)
   cfg = common.model_config(config)
@@ -62,7 +63,7 @@ def main(argv):
   else:
     device = planner.device_kind(_DEVICE_KIND.value)
     devices = _DEVICES.value or jax.device_count()
-  work = planner.workload(config, prompt_len=_PROMPT_LEN.value)
+  work = placement.workload(config, prompt_len=_PROMPT_LEN.value)
   offload = {"no": (False,), "yes": (True,), "both": (False, True)}[_OFFLOAD.value]
   plans = planner.plan(cfg, work, devices, device, remats=_REMATS.value.split(","),
                        offload_optimizer=offload)

@@ -38,6 +38,7 @@ from typing import Iterable
 
 import jax
 import numpy as np
+import optax
 
 from models import cache as cache_lib
 from models import flops as flops_lib
@@ -109,7 +110,7 @@ DEVICES: dict[str, DeviceSpec] = {
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-  """The shapes of one RL step's training (launch/memory.py sizes the same step)."""
+  """The shapes of one RL step's training (launch/dry_run.py sizes the same step)."""
 
   sequences: int  # per RL step: prompts x samples
   length: int  # prompt + response tokens per sequence
@@ -193,8 +194,9 @@ def _step_flops(cfg: ModelConfig, length: int, sequences: int) -> dict[str, floa
 
 
 def _adamw():
-  from rl import train_step
-  return train_step.make_optimizer(lr=1e-6, warmup_steps=1, weight_decay=0.1, grad_clip=1.0)
+  """The training optimiser's state layout (rl/train_step.clipped_adamw: a global-norm clip,
+  stateless, then AdamW's mu and nu in the parameters' dtypes)."""
+  return optax.adamw(1e-6)
 
 
 @functools.lru_cache(maxsize=8)
@@ -373,28 +375,6 @@ def plan(cfg: ModelConfig, work: Workload, devices: int, device: DeviceSpec, *,
   return rank(plans)
 
 
-def workload(config, *, prompt_len: int | None = None) -> Workload:
-  """The Workload of a training config (the sequence length launch/dry_run.py assumes); the
-  rollout decodes all of a step's sequences at once unless config.rollout.batch_size says
-  less."""
-  from configs import common
-  cfg = common.model_config(config)
-  if prompt_len is None:
-    prompt_len = max(1, min(memory.DEFAULT_PROMPT_LEN,
-                            cfg.max_seq_len - config.rollout.max_new_tokens))
-  length = prompt_len + config.rollout.max_new_tokens
-  backend = config.kernel_backend
-  rl = config.rl
-  sequences = config.train.prompts_per_step * config.train.samples_per_prompt
-  return Workload(
-      sequences=sequences, length=length, mini_batches=config.train.mini_batches,
-      micro_batches=config.train.micro_batches, rollout_length=length,
-      rollout_sequences=min(config.rollout.batch_size or sequences, sequences),
-      reference=bool(rl.kl_coef or rl.kl_coef_per_domain), critic=bool(rl.use_critic),
-      kernel_backend=backend if backend in ("reference", "interpret") else "compiled",
-      offload_optimizer=bool(config.optim.offload_state))
-
-
 # jax's `Device.device_kind` (lower case) -> DEVICES key; TPU topologies name v5p "TPU v5".
 _KIND_NAMES = {"tpu v5": "tpu_v5p", "tpu v5p": "tpu_v5p", "tpu v5 lite": "tpu_v5e",
                "tpu v5e": "tpu_v5e", "tpu v6 lite": "tpu_v6e", "tpu v6e": "tpu_v6e"}
@@ -419,16 +399,6 @@ def device_kind(name: str = "") -> DeviceSpec:
     raise ValueError(f"no planner numbers for the local device {jax.devices()[0].device_kind!r};"
                      f" name one of {sorted(DEVICES)} (--config.mesh.device_kind)")
   return spec
-
-
-def best_mesh(config, devices: int, device: DeviceSpec) -> Plan:
-  """The best plan for `config` keeping its own remat policy and optimiser placement: what
-  `config.mesh.auto=True` uses."""
-  from configs import common
-  cfg = common.model_config(config)
-  work = workload(config)
-  return plan(cfg, work, devices, device, remats=(cfg.remat,),
-              offload_optimizer=(work.offload_optimizer,))[0]
 
 
 def _gib(n: float) -> str:

@@ -35,9 +35,41 @@ import optax
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from configs import common
+from models import memory, planner
 from models import remat as remat_lib
 from models import sharding as sharding_lib
 from rl import train_step as ts
+
+
+def workload(config, *, prompt_len: int | None = None) -> planner.Workload:
+  """The planner's Workload of a run config (the sequence length launch/dry_run.py assumes);
+  the rollout decodes all of a step's sequences at once unless config.rollout.batch_size says
+  less."""
+  cfg = common.model_config(config)
+  if prompt_len is None:
+    prompt_len = max(1, min(memory.DEFAULT_PROMPT_LEN,
+                            cfg.max_seq_len - config.rollout.max_new_tokens))
+  length = prompt_len + config.rollout.max_new_tokens
+  backend = config.kernel_backend
+  rl = config.rl
+  sequences = config.train.prompts_per_step * config.train.samples_per_prompt
+  return planner.Workload(
+      sequences=sequences, length=length, mini_batches=config.train.mini_batches,
+      micro_batches=config.train.micro_batches, rollout_length=length,
+      rollout_sequences=min(config.rollout.batch_size or sequences, sequences),
+      reference=bool(rl.kl_coef or rl.kl_coef_per_domain), critic=bool(rl.use_critic),
+      kernel_backend=backend if backend in ("reference", "interpret") else "compiled",
+      offload_optimizer=bool(config.optim.offload_state))
+
+
+def best_mesh(config, devices: int, device: planner.DeviceSpec) -> planner.Plan:
+  """The planner's best plan for a run config keeping its own remat policy and optimiser
+  placement: what `config.mesh.auto=True` uses."""
+  cfg = common.model_config(config)
+  work = workload(config)
+  return planner.plan(cfg, work, devices, device, remats=(cfg.remat,),
+                      offload_optimizer=(work.offload_optimizer,))[0]
 
 
 class Placement:
@@ -56,8 +88,7 @@ class Placement:
       raise ValueError(f"config.mesh.devices={c.mesh.devices}: only {available} devices here")
     shape, plan = c.mesh.shape.to_dict(), None
     if c.mesh.auto:
-      from models import planner
-      plan = planner.best_mesh(c, n, planner.device_kind(c.mesh.device_kind))
+      plan = best_mesh(c, n, planner.device_kind(c.mesh.device_kind))
       shape = plan.mesh
       logging.info("config.mesh.auto: planned mesh %s (remat %s, %.1f GiB peak per device)\n%s",
                    plan.mesh, plan.remat, plan.memory["peak"] / 2**30,

@@ -169,12 +169,13 @@ def test_planner_defers_to_the_compiler_on_a_tpu_slice(tpu_topologies):
   from configs import common, demo
   from launch import dry_run
   from models import planner
+  from rl import placement
   c = ml_collections.ConfigDict(demo.get_config().to_dict())
   c.train.prompts_per_step, c.train.samples_per_prompt = 4, 2
   devices = list(tpu_topologies["v5p:2x2x1"].devices)
   device = planner.spec_of(devices[0])
   assert device.name == "TPU v5p"
-  plans = planner.plan(common.model_config(c), planner.workload(c), len(devices), device,
+  plans = planner.plan(common.model_config(c), placement.workload(c), len(devices), device,
                        remats=("none",))
   rows = dry_run.verify_plans(c, plans, devices, top=2)
   assert [row["rank"] for row in rows if row["fits"]] == sorted(

@@ -13,6 +13,7 @@ import pytest
 from configs import common
 from launch import dry_run
 from models import planner
+from rl import placement
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MESH_AXES = dict(data=1, fsdp=1, expert=1, sequence=1, tensor=1)
@@ -39,7 +40,7 @@ def test_memory_estimate_matches_compiled_update(preset, mesh, remat):
   (arguments + outputs - aliased + temporaries) of rl/train_step.make_update on that mesh."""
   config = small_config(preset, mesh, remat)
   compiled = dry_run.report(config, prompt_len=32, compile_step=True)["compiled"]
-  plan = planner.estimate(common.model_config(config), planner.workload(config, prompt_len=32),
+  plan = planner.estimate(common.model_config(config), placement.workload(config, prompt_len=32),
                           dict(MESH_AXES, **mesh), planner.DEVICES["h100"], remat)
   assert plan.memory["reference"] == 0
   assert 0.8 < plan.memory["update"] / compiled["peak"] < 1.2, (plan.memory, compiled)
@@ -48,7 +49,7 @@ def test_memory_estimate_matches_compiled_update(preset, mesh, remat):
 def test_parameter_bytes_equal_the_dry_runs_partition_specs():
   config = small_config("tiny_qwen3_moe", dict(data=1, fsdp=2, expert=2, tensor=2), "none")
   r = dry_run.report(config, prompt_len=32, compile_step=False)
-  plan = planner.estimate(common.model_config(config), planner.workload(config, prompt_len=32),
+  plan = planner.estimate(common.model_config(config), placement.workload(config, prompt_len=32),
                           r["mesh_shape"], planner.DEVICES["h100"], "none")
   assert plan.memory["params"] == r["param_bytes_per_device"]
   assert plan.memory["optimizer"] == pytest.approx(r["optimizer_bytes_per_device"], abs=64)
@@ -60,7 +61,7 @@ def test_ranking_fits_first_then_faster_and_remat_trades_time_for_memory():
   and more time than none on the same mesh; offloading the optimiser frees its bytes."""
   config = small_config("tiny_dense", dict(data=-1), "none")
   cfg = common.model_config(config)
-  work = planner.workload(config, prompt_len=32)
+  work = placement.workload(config, prompt_len=32)
   small = dataclasses.replace(planner.DEVICES["h100"], hbm_bytes=2.5e6)
   plans = planner.plan(cfg, work, 8, small, remats=("none", "full"),
                        offload_optimizer=(False, True))
@@ -103,7 +104,7 @@ def test_mesh_auto_takes_the_best_plan():
   c.rl.overlong_buffer = 0
   c.train.update(prompts_per_step=4, samples_per_prompt=2)
   config = c.lock()
-  best = planner.best_mesh(config, 8, planner.DEVICES["h100"])
+  best = placement.best_mesh(config, 8, planner.DEVICES["h100"])
   r = dry_run.report(config, compile_step=False)
   assert r["planned"] and r["remat"] == "full" and best.remat == "full"
   assert r["mesh_shape"] == best.mesh
@@ -112,7 +113,7 @@ def test_mesh_auto_takes_the_best_plan():
   assert not best.offload_optimizer
   with c.unlocked():
     c.optim.offload_state = True
-  assert planner.best_mesh(c, 8, planner.DEVICES["h100"]).offload_optimizer
+  assert placement.best_mesh(c, 8, planner.DEVICES["h100"]).offload_optimizer
   c.mesh.device_kind = "tpu_v9"
   with pytest.raises(ValueError, match="config.mesh.device_kind='tpu_v9'"):
     common.validate(c)

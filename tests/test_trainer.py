@@ -418,8 +418,9 @@ def test_mesh_auto_builds_the_planned_mesh(tmp_path):
   """config.mesh.auto: the trainer lays the run out on the planner's best mesh for the
   config's devices and device kind."""
   from models import planner
+  from rl import placement
   c = small_config(**{"mesh.auto": True, "mesh.devices": 8, "mesh.device_kind": "h100"})
-  best = planner.best_mesh(c, 8, planner.DEVICES["h100"])
+  best = placement.best_mesh(c, 8, planner.DEVICES["h100"])
   trainer = Trainer(c, str(tmp_path))
   assert trainer.placement.plan == best
   assert dict(trainer.placement.mesh.shape) == best.mesh
