@@ -281,8 +281,7 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   out["critic_bytes_per_device"] = critic_bytes
 
   if prompt_len is None:
-    prompt_len = max(1, min(memory.DEFAULT_PROMPT_LEN,
-                            cfg.max_seq_len - config.rollout.max_new_tokens))
+    prompt_len = memory.default_prompt_len(cfg, config.rollout.max_new_tokens)
   length = prompt_len + config.rollout.max_new_tokens
   rows = micro_batch_rows(config)
   batch = batch_spec(config, cfg, rows, length)

@@ -22,6 +22,12 @@ from models.transformer import ShapeOnlyRngs, Transformer
 DEFAULT_PROMPT_LEN = 1024
 
 
+def default_prompt_len(cfg: ModelConfig, max_new_tokens: int) -> int:
+  """DEFAULT_PROMPT_LEN, or what the context leaves beside `max_new_tokens` when less (>= 1):
+  the prompt the dry run and the planner size a step's sequences with."""
+  return max(1, min(DEFAULT_PROMPT_LEN, cfg.max_seq_len - max_new_tokens))
+
+
 def abstract_model(cfg: ModelConfig):
   """(graphdef, params, rest) of `Transformer(cfg)` holding jax.ShapeDtypeStructs."""
   model = nnx.eval_shape(lambda: Transformer(cfg, rngs=ShapeOnlyRngs()))

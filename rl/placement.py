@@ -48,8 +48,7 @@ def workload(config, *, prompt_len: int | None = None) -> planner.Workload:
   less."""
   cfg = common.model_config(config)
   if prompt_len is None:
-    prompt_len = max(1, min(memory.DEFAULT_PROMPT_LEN,
-                            cfg.max_seq_len - config.rollout.max_new_tokens))
+    prompt_len = memory.default_prompt_len(cfg, config.rollout.max_new_tokens)
   length = prompt_len + config.rollout.max_new_tokens
   backend = config.kernel_backend
   rl = config.rl
