@@ -14,7 +14,7 @@ import os
 import ml_collections
 
 from models.config import KERNEL_BACKENDS, ModelConfig, PRESETS, get_config as get_model_config
-from rl import algorithms
+from rl.core import algorithms
 
 JOBS = ("rl", "sft", "sft_rl", "o1_coder")
 TOKENIZERS_BUILTIN = ("byte",)
@@ -61,7 +61,7 @@ def describe_model(c: ml_collections.ConfigDict) -> str:
 
 
 def describe_rl(c: ml_collections.ConfigDict) -> str:
-  """config.rl as the closest recipe (rl/algorithms.py) and the fields that differ from it."""
+  """config.rl as the closest recipe (rl/core/algorithms.py) and the fields that differ from it."""
   return closest(c.rl.to_dict(),
                  {r: algorithms.recipe(r) for r in sorted(algorithms.RECIPES)})
 
@@ -79,7 +79,7 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
   c.init_hf_dir = ""
   # DSA kernels (kernels/__init__.py): "auto" (by platform), "reference", "interpret", "gpu", "tpu".
   c.kernel_backend = "auto"
-  # Device mesh (models/sharding.py, rl/placement.py): in-slice size of every axis, one of
+  # Device mesh (models/sharding.py, rl/parallel/placement.py): in-slice size of every axis, one of
   # which may be -1 (the devices left over; the default puts them all on "data"), and
   # across-slice (DCN) factors for multi-slice TPU pods or multi-host GPU clusters. The
   # trainer and SFT use the first `devices` local devices (0: all of them) as
@@ -124,17 +124,17 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
       top_k=0,
       prompt_bucket=16,
       eval_temperature=0.0,  # greedy evaluation
-      # Decode slots (rl/rollout.py): 0 = every sequence of a generation batch at once (static
+      # Decode slots (rl/rollout/engine.py): 0 = every sequence of a generation batch at once (static
       # batching); N = continuous batching over N slots, refilled `prefill_batch` prompts at a
       # time (0: N // 4) as sequences finish. Samples do not depend on it; memory does.
       batch_size=0,
       prefill_batch=0,
-      # Sampler weights (rl/quant.py): "" = the trainer's own; "fp8_e4m3" = the big matmul
+      # Sampler weights (rl/rollout/fp8.py): "" = the trainer's own; "fp8_e4m3" = the big matmul
       # weights post-training-quantised to FP8 after every update, with one scale per output
       # channel and block of `weight_block_size` inputs (0: the whole input axis).
       weight_dtype="",
       weight_block_size=0,
-      # Streaming rollouts (rl/streaming.py): partial generations carry over between steps
+      # Streaming rollouts (rl/rollout/streaming.py): partial generations carry over between steps
       # (alpha = on_policy_fraction of each batch from the current policy, tokens at most
       # max_staleness versions old, round_tokens per engine round). The pool is not in the
       # checkpoint: a resumed run starts with an empty one.
@@ -180,11 +180,11 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
       keep_checkpoints=2,  # the latest K are kept (>= 1)
       max_bad_steps=3,  # consecutive non-finite steps before the run stops
   ))
-  # Multi-turn tool use (rl/tools/): RL episodes on tool environments instead of data.source;
+  # Multi-turn tool use (rl/tool_use/): RL episodes on tool environments instead of data.source;
   # rollout.max_new_tokens is then the policy-token budget of a whole episode (all turns).
   c.tools = ml_collections.ConfigDict(dict(
       enabled=False,
-      environments="",  # comma-separated names of rl/tools/environments.py ENVIRONMENTS
+      environments="",  # comma-separated names of rl/tool_use/environments.py ENVIRONMENTS
       max_turns=4,  # tool calls per episode; one more ends it ("turn_limit")
       max_tool_tokens=96,  # tokens of one tool result, wrapper included (longer ones are cut)
       timeout_s=5.0,  # per tool call
@@ -194,7 +194,7 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
       judge_weight=0.0,  # reward = (1 - w) * verifier + w * rubric judge P(YES)
       judge_hf_dir="",  # local HF checkpoint of the generative judge (needed when w > 0)
       # > 0: a fresh run first fits the policy to expert transcripts of the training tasks
-      # (rl/tools/demonstrations.py) for this many steps of config.sft.batch_size rows, lr.
+      # (rl/tool_use/demonstrations.py) for this many steps of config.sft.batch_size rows, lr.
       warm_start_steps=0,
   ))
   return c
@@ -280,7 +280,7 @@ def _validate(c: ml_collections.ConfigDict) -> None:
                      "the rest of the context)")
   if not 0 < c.rollout.top_p <= 1:
     raise ValueError(f"config.rollout.top_p={c.rollout.top_p}: must be in (0, 1]")
-  from rl.quant import WEIGHT_DTYPES
+  from rl.rollout.fp8 import WEIGHT_DTYPES
   _allowed("rollout.weight_dtype", c.rollout.weight_dtype, WEIGHT_DTYPES)
   if c.rollout.weight_block_size < 0:
     raise ValueError(f"config.rollout.weight_block_size={c.rollout.weight_block_size}: must be "
@@ -326,7 +326,7 @@ def _validate(c: ml_collections.ConfigDict) -> None:
   from kernels import BACKENDS
   _allowed("kernel_backend", c.kernel_backend, BACKENDS)
   _check_mesh(c)
-  from rl.streaming import StreamingConfig
+  from rl.rollout.streaming import StreamingConfig
   s = c.rollout.streaming
   try:
     StreamingConfig(on_policy_fraction=s.on_policy_fraction, max_staleness=s.max_staleness,
@@ -344,7 +344,7 @@ def _check_tools(c: ml_collections.ConfigDict) -> None:
   if c.job != "rl":
     raise ValueError(f"config.tools.enabled=True with config.job={c.job!r}: tool-use episodes "
                      "run in the RL job only (job='rl')")
-  from rl.tools import environments
+  from rl.tool_use import environments
   names = [name.strip() for name in t.environments.split(",") if name.strip()]
   if not names:
     raise ValueError("config.tools.environments: name at least one of "

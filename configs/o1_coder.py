@@ -1,4 +1,4 @@
-"""O1-Coder on generated programming tasks with the tiny model, on CPU (rl/search/selfplay.py).
+"""O1-Coder on generated programming tasks with the tiny model, on CPU (rl/o1_coder/selfplay.py).
 
   python launch/train.py --config=configs/o1_coder.py --workdir=/tmp/o1_coder  # pair-wise PRM
   python launch/train.py --config=configs/o1_coder.py:pointwise      # point-wise (BCE) PRM

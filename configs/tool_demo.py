@@ -6,7 +6,7 @@
   python launch/train.py --config=configs/tool_demo.py --config.tools.warm_start_steps=150
 
 A tiny MoE + MLA + DSA policy (the demo's) runs DeepSeek-V3.2 GRPO over episodes of the tool
-environments in rl/tools/environments.py: generation pauses at each `</tool_call>`, the host
+environments in rl/tool_use/environments.py: generation pauses at each `</tool_call>`, the host
 runs the tool (the `python` tool in the sandbox), the result enters the context with
 response_mask 0, and the episode goes on for up to `tools.max_turns` calls. The reward is the
 environment's verifier; metrics are logged per environment (tools/<env>/success, turns,
@@ -15,7 +15,7 @@ episode's last engine round.
 
 The policy starts untrained and almost never writes a well-formed call, so this shows the
 machinery running end to end, not an agent that solves the tasks. The last command first fits
-the policy to expert transcripts (rl/tools/demonstrations.py; the SFT loss on assistant tokens
+the policy to expert transcripts (rl/tool_use/demonstrations.py; the SFT loss on assistant tokens
 falls from 5.6 to 1.4 in 60 steps), which teaches it the look of calls but, at this model size
 and step count, still not well-formed ones.
 """

@@ -49,7 +49,7 @@ from models import cache as cache_lib  # noqa: E402
 from models import hf  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
 from models.transformer import build, param_counts  # noqa: E402
-from rl import rollout, sampling  # noqa: E402
+from rl.rollout import engine as rollout, sampling  # noqa: E402
 
 _MODEL = flags.DEFINE_string("model", "tiny_dense", "Model preset (models/config.py).")
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "A Hugging Face model directory (config.json + "
@@ -129,7 +129,7 @@ def weight_bytes_per_step(model, batch: int) -> int:
 # Each system: `name` and generate(prompt_ids [B, P] int32, new_tokens M) -> tokens [B, M].
 
 class SeedRLEngine:
-  """seedrl's rollout engine (rl.rollout.run_engine) on full-width prompts, stop ids off."""
+  """seedrl's rollout engine (rl.rollout.engine.run_engine) on full-width prompts, stop ids off."""
 
   name = "seedrl"
 

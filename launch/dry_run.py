@@ -8,7 +8,7 @@ is `config.mesh`; when it needs more devices than this machine has (a 256-chip T
 on a laptop) it is a `jax.sharding.AbstractMesh` and every per-device size comes from the array's
 partition spec under the logical-axis rules of models/sharding.py. When the mesh fits on the local
 devices (or `--topology` names a TPU slice: libtpu compiles for it ahead of time), the policy
-update (rl/train_step.py) and the rollout engine (rl/rollout.py) are also compiled for it and the
+update (rl/core/train_step.py) and the rollout engine (rl/rollout/engine.py) are also compiled for it and the
 compiler's per-device memory, FLOPs and bytes are reported, with the chip's HBM and the roofline
 bound they imply; otherwise the activation memory is an analytic estimate, labelled as such (see
 models/memory.py `activation_bytes_per_token`).
@@ -36,8 +36,8 @@ from models import remat as remat_lib
 from models import sharding as sharding_lib
 from models.padding import round_up
 from models.config import ModelConfig
-from rl import placement as placement_lib
-from rl import train_step as ts
+from rl.parallel import placement as placement_lib
+from rl.core import train_step as ts
 
 GiB = 2**30
 
@@ -72,7 +72,7 @@ def micro_batch_rows(config) -> int:
 
 
 def batch_spec(config, cfg: ModelConfig, rows: int, length: int) -> dict[str, jax.ShapeDtypeStruct]:
-  """The policy update's mini-batch fields (rl/trainer.py `build_batch`) for `rows` sequences."""
+  """The policy update's mini-batch fields (rl/jobs/trainer.py `build_batch`) for `rows` sequences."""
   f32, bt = jnp.float32, (rows, length)
   batch = {"tokens": jax.ShapeDtypeStruct(bt, jnp.int32),
            "response_mask": jax.ShapeDtypeStruct(bt, f32),
@@ -117,7 +117,7 @@ def _axis_factor(spec: PartitionSpec, mesh) -> int:
 
 def _critic_bytes(cfg: ModelConfig, optimizer, mesh) -> int:
   """Per-device parameters, AdamW state and gradients (x2) of the critic (a scalar head on the
-  policy's trunk, as rl/trainer.py builds it)."""
+  policy's trunk, as rl/jobs/trainer.py builds it)."""
   _, params, _ = memory.abstract_model(cfg.replace(head="scalar", tie_embeddings=False))
   shardings = sharding_lib.state_shardings(params, mesh)
   opt_state = jax.eval_shape(optimizer.init, params)
@@ -167,7 +167,7 @@ def _analysis(lowered, platform: str) -> dict[str, float]:
 
 def _compiled_update(config, mesh, graphdef, state, rest_values, state_shardings, optimizer,
                      batch, batch_shardings) -> dict[str, float]:
-  """The policy update (rl/train_step.py) compiled for `mesh`: `_analysis` per device."""
+  """The policy update (rl/core/train_step.py) compiled for `mesh`: `_analysis` per device."""
   update = ts.make_update(
       ts.policy_objective, graphdef, optimizer,
       micro_batches=config.train.micro_batches, rl=config.rl.to_dict(),
@@ -184,7 +184,7 @@ def _compiled_update(config, mesh, graphdef, state, rest_values, state_shardings
 def rollout_shape(config, prompt_len: int) -> dict[str, int]:
   """The rollout engine call the dry run compiles: one step's prompts x samples, each a prompt
   (rounded up to the bucket) plus all of max_new_tokens; with streaming rollouts
-  (rl/streaming.py) the last round of a longest sequence: everything but round_tokens already
+  (rl/rollout/streaming.py) the last round of a longest sequence: everything but round_tokens already
   in the context, round_tokens more."""
   r = config.rollout
   sequences = config.train.prompts_per_step * config.train.samples_per_prompt
@@ -198,9 +198,9 @@ def rollout_shape(config, prompt_len: int) -> dict[str, int]:
 
 def _compiled_rollout(config, mesh, graphdef, model_state, shape: dict[str, int]
                       ) -> dict[str, float]:
-  """The rollout engine (rl/rollout.py: prefill, then the decode loop) for `rollout_shape`,
+  """The rollout engine (rl/rollout/engine.py: prefill, then the decode loop) for `rollout_shape`,
   compiled for `mesh`: `_analysis` per device."""
-  from rl import rollout as rollout_lib
+  from rl.rollout import engine as rollout_lib
   cfg = rollout_lib.run_rollout_config(config)
   platform = mesh.devices.flat[0].platform
   with jax.set_mesh(mesh), kernels.target_platform(platform):

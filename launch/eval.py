@@ -35,8 +35,8 @@ from configs import common  # noqa: E402
 from launch import logs  # noqa: E402
 from models import hf  # noqa: E402
 from models.tokenizer import load_tokenizer  # noqa: E402
-from rl import evaluation  # noqa: E402
-from rl import rollout as rollout_lib  # noqa: E402
+from rl.jobs import evaluation  # noqa: E402
+from rl.rollout import engine as rollout_lib  # noqa: E402
 from rl.rewards import puzzles, sandbox  # noqa: E402
 
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "HF checkpoint directory to evaluate.")

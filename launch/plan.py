@@ -51,7 +51,7 @@ def main(argv):
 
   from configs import common
   from models import planner
-  from rl import placement
+  from rl.parallel import placement
   config = _CONFIG.value
   common.validate(config)
   cfg = common.model_config(config)

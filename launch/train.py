@@ -13,7 +13,7 @@ with the same workdir resumes from the latest checkpoint. The workdir may be loc
 step in progress and exits with status 0; the same command then resumes. `--dry_run` builds the
 mesh, model and optimiser abstractly, prints parameter counts and per-device memory
 (launch/dry_run.py) and exits. On several hosts every process runs this same command; they join
-one JAX runtime from the launcher's environment (rl/distributed.py) before any device is
+one JAX runtime from the launcher's environment (rl/parallel/distributed.py) before any device is
 touched.
 """
 
@@ -63,16 +63,16 @@ def main(argv):
     print("\n".join(dry_run.format_report(r)))
     return
   common.check_paths(config)
-  from rl import checkpoint
-  from rl import distributed
+  from rl.jobs import checkpoint
+  from rl.parallel import distributed
   distributed.initialize_from_env()
   # Remote paths (gs://...) stay as they are; a relative local one is made absolute.
   workdir = checkpoint.workdir_path(_WORKDIR.value or os.path.join(
       "workdir", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]))
   logging.info("workdir: %s", workdir)
-  from rl import pipeline
+  from rl.jobs import sft_then_rl
   try:
-    pipeline.run_job(config, str(workdir))
+    sft_then_rl.run_job(config, str(workdir))
   except checkpoint.Preempted as e:
     logging.info("%s", e)
 

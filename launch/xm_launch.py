@@ -5,7 +5,7 @@
 
 Every `--config=...` / `--config.a.b=v` flag is checked here first (the config is built and
 validated before anything is submitted) and handed unchanged, in order, to launch/train.py in
-the job (`build_args`). The job's processes join one JAX runtime through rl/distributed.py
+the job (`build_args`). The job's processes join one JAX runtime through rl/parallel/distributed.py
 (Vertex AI's CLUSTER_SPEC, or the TPU VM environment that jax detects itself).
 
 XManager is not a dependency of this project: it is imported in main() only, on the machine that

@@ -72,7 +72,7 @@ class ModelConfig:
   n_group: int = 1  # group-limited routing (sigmoid_noaux): experts split into n_group groups
   topk_group: int = 1  # ... of which the best topk_group groups may be chosen
   moe_dispatch: str = "ragged"  # "dense" is the one-hot reference path
-  # Load balancing during training (rl/train_step.py, rl/sft.py). The auxiliary loss
+  # Load balancing during training (rl/core/train_step.py, rl/jobs/sft.py). The auxiliary loss
   # alpha * sum_e f_e P_e is computed per sequence and averaged (DeepSeek-V3's sequence-wise
   # balance loss; HF's name for alpha); the bias rate is DeepSeek-V3's gamma: after every
   # optimiser step (every RL step), bias_e += gamma * sign(mean load - load_e), for the

@@ -63,7 +63,7 @@ def activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1
   (`_layer_activation_bytes`), and the layer being differentiated holds about its whole set
   while its forward is recomputed and differentiated. Offloaded tensors are not counted here
   (see `offloaded_activation_bytes_per_token`). Checked against XLA:CPU's compiled peak of
-  small dense and MLA models (tests/test_planner.py); the CPU's MoE path computes every expert
+  small dense and MLA models (tests/models/test_planner.py); the CPU's MoE path computes every expert
   densely, so MoE models compile to ~1.5x this there.
   """
   remat = cfg.remat if remat is None else remat

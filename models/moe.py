@@ -18,7 +18,7 @@ weights are still computed from the current router, so the router keeps its grad
 Per-call router statistics (RouterStats) feed the load metrics, the aux-free bias update
 (`aux_free_bias_update`, applied by the trainers after each optimiser step through
 models.transformer.update_router_biases at rate cfg.router_bias_rate) and the sequence-wise
-auxiliary loss (weight cfg.router_aux_loss_coef), both used by rl/sft.py and rl/train_step.py.
+auxiliary loss (weight cfg.router_aux_loss_coef), both used by rl/jobs/sft.py and rl/core/train_step.py.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ recomputed layer by layer.
                          (`offload_dot_with_no_batch_dims`)
 
 Optimiser state. `host_shardings` gives the optimiser state's shardings in pinned host memory;
-rl/train_step.py `make_update(..., offload_optimizer=True)` keeps the state there between steps
+rl/core/train_step.py `make_update(..., offload_optimizer=True)` keeps the state there between steps
 and brings it onto the device only for the update.
 
 XLA:CPU has device, pinned_host and unpinned_host memories (`addressable_memories()`), so

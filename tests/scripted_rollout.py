@@ -4,7 +4,7 @@ outcomes."""
 
 import numpy as np
 
-from rl.types import Trajectories
+from rl.core.types import Trajectories
 
 WRONG = "0 Answer: -999"
 

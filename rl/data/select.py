@@ -29,8 +29,8 @@ from flax import nnx
 
 from configs import common
 from models.tokenizer import load_tokenizer
-from rl import evaluation
-from rl import rollout as rollout_lib
+from rl.jobs import evaluation
+from rl.rollout import engine as rollout_lib
 from rl.data import selection
 from rl.data.entries import encode_prompts, load_entries, prompt_of
 from rl.rewards import manager

@@ -22,7 +22,7 @@ checker is trusted code run in its own sandbox. An assert test passes only when 
 stdout holds a fresh `secrets.token_hex` token, which the harness receives on its stdin and
 writes only after the last line of the test code has run; `code_harness.py`'s docstring
 gives the threat model (why the program cannot read the token), and
-tests/test_reward_hacking.py the programs written to beat it.
+tests/rl/rewards/test_reward_hacking.py the programs written to beat it.
 
 Every test is its own sandboxed run with the problem's timeout, so one slow or crashing test
 costs only itself. Runs are subprocesses, so a thread pool (`workers`) runs them in parallel;

@@ -1,0 +1,121 @@
+"""Named RL recipes: each is a set of defaults for the `rl` section of a config, assembled from
+the pure pieces in rl/core/advantages.py, rl/core/losses.py and rl/rewards/shaping.py
+(spec/rl_algorithms.md gives every formula and default).
+
+A config selects one with `config.rl = recipe("dapo")` and may override any field from the
+command line (`--config.rl.clip_high=0.3`). Unknown recipe names and bad values fail in
+`validate_rl` with the field and the allowed values.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+             "seq-mean-token-sum-norm")
+KL_KINDS = ("k1", "k2", "k3", "unbiased")
+REWARD_MODES = ("verify", "dapo")
+
+# Every recipe starts from these and changes what its paper changes.
+BASE: dict[str, Any] = dict(
+    estimator="grpo",
+    gamma=1.0,
+    lam=1.0,  # GAE lambda of the policy's advantages
+    lam_critic=1.0,  # GAE lambda of the critic's returns (decoupled GAE when != lam)
+    length_adaptive_alpha=0.0,  # > 0: lam_policy = 1 - 1/(alpha * length) (VAPO)
+    clip_low=0.2,
+    clip_high=0.2,
+    clip_c=0.0,  # dual-clip constant (> 1 turns it on)
+    loss_agg_mode="token-mean",
+    kl_coef=0.0,  # beta; 0 skips the reference model entirely
+    kl_kind="k3",
+    # "domain=beta,...": a row's beta by its domain (a puzzle's task, else the record's
+    # domain), overriding kl_coef (DeepSeek-V3.2); `kl_coefs_by_domain` parses it.
+    kl_coef_per_domain="",
+    entropy_coef=0.0,
+    use_critic=False,
+    critic_warmup_steps=0,  # value pretraining steps before any actor update (VAPO)
+    value_clip=0.5,
+    nll_coef=0.0,  # positive-example LM loss weight mu (VAPO)
+    dynamic_sampling=False,  # drop groups whose accuracy has zero std, refill (DAPO)
+    max_num_gen_batches=4,
+    # At that cap with the batch still short: False stops the run with an error naming the
+    # fields; True fills the rest with the uniform groups seen (all-correct or all-wrong: zero
+    # GRPO advantage unless shaping varies the scores) and counts them (`filled_groups`).
+    fill_at_cap=False,
+    overlong_buffer=0,  # L_cache in tokens; 0 turns overlong shaping off
+    overlong_factor=1.0,
+    overlong_filter=False,  # truncated responses get zero loss weight
+    offpolicy_mask_delta=0.0,  # > 0: DeepSeek-V3.2 off-policy sequence masking
+    indexer_coef=0.0,  # DSA models: weight of the indexer KL loss during RL (0: indexer frozen)
+    keep_routing=False,
+    keep_sampling_mask=False,
+    reward_mode="verify",  # "dapo": +1 correct / -1 wrong
+    ppo_epochs=1,
+)
+
+RECIPES: dict[str, dict[str, Any]] = {
+    "ppo": dict(estimator="gae", lam=0.95, lam_critic=0.95, use_critic=True),
+    "grpo": dict(loss_agg_mode="seq-mean-token-mean", kl_coef=0.04, kl_kind="k3"),
+    "dr_grpo": dict(estimator="dr_grpo", loss_agg_mode="seq-mean-token-sum-norm"),
+    "rloo": dict(estimator="rloo"),
+    "reinforce_pp": dict(estimator="reinforce_pp"),
+    "dapo": dict(clip_low=0.2, clip_high=0.28, dynamic_sampling=True, overlong_buffer=4096,
+                 reward_mode="dapo"),
+    "vapo": dict(estimator="gae", use_critic=True, critic_warmup_steps=10, lam=1.0,
+                 lam_critic=1.0, length_adaptive_alpha=0.05, clip_low=0.2, clip_high=0.28,
+                 nll_coef=0.1, reward_mode="dapo"),
+    "grpo_v32": dict(loss_agg_mode="seq-mean-token-mean", kl_coef=0.01, kl_kind="unbiased",
+                     offpolicy_mask_delta=0.1, keep_routing=True, keep_sampling_mask=True),
+}
+
+
+def recipe(name: str) -> dict[str, Any]:
+  """The full `rl` section for a named recipe."""
+  if name not in RECIPES:
+    raise ValueError(f"RL recipe {name!r}: must be one of {sorted(RECIPES)}")
+  return {**BASE, **RECIPES[name]}
+
+
+def kl_coefs_by_domain(text: str) -> dict[str, float]:
+  """"math=0.01,code=0" -> {"math": 0.01, "code": 0.0}; ValueError naming a bad item (each beta
+  finite and >= 0, each domain once)."""
+  betas = {}
+  for item in filter(None, (i.strip() for i in text.split(","))):
+    domain, sep, beta = (p.strip() for p in item.partition("="))
+    try:
+      value = float(beta)
+    except ValueError:
+      value = -1.0
+    if not sep or not domain or domain in betas or not (value >= 0 and math.isfinite(value)):
+      raise ValueError(f"config.rl.kl_coef_per_domain={text!r}: {item!r} is not domain=beta "
+                       "(each domain once, beta finite and >= 0)")
+    betas[domain] = value
+  return betas
+
+
+def validate_rl(rl: Any) -> None:
+  """Checks the `rl` section; raises ValueError naming the field and the allowed values."""
+  def check(field, allowed):
+    value = rl[field]
+    if value not in allowed:
+      raise ValueError(f"config.rl.{field}={value!r}: must be one of {list(allowed)}")
+  check("estimator", ESTIMATORS)
+  check("loss_agg_mode", AGG_MODES)
+  check("kl_kind", KL_KINDS)
+  check("reward_mode", REWARD_MODES)
+  if not 0 <= rl["clip_low"] < 1:
+    raise ValueError(f"config.rl.clip_low={rl['clip_low']}: must be in [0, 1)")
+  if rl["clip_high"] < 0:
+    raise ValueError(f"config.rl.clip_high={rl['clip_high']}: must be >= 0")
+  if rl["clip_c"] and rl["clip_c"] <= 1:
+    raise ValueError(f"config.rl.clip_c={rl['clip_c']}: dual-clip needs c > 1 (0 turns it off)")
+  if rl["estimator"] == "gae" and not rl["use_critic"]:
+    raise ValueError("config.rl.estimator='gae' needs config.rl.use_critic=True")
+  if rl["ppo_epochs"] < 1:
+    raise ValueError(f"config.rl.ppo_epochs={rl['ppo_epochs']}: must be >= 1")
+  kl_coefs_by_domain(rl["kl_coef_per_domain"])
+  if rl["max_num_gen_batches"] < 1:
+    raise ValueError(f"config.rl.max_num_gen_batches={rl['max_num_gen_batches']}: must be >= 1")

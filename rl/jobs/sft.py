@@ -1,0 +1,314 @@
+"""Supervised fine-tuning (the cold start before RL): next-token loss on response tokens only,
+AdamW with warm-up and cosine decay (Seed-Thinking-v1.5: peak 2e-5 decaying to 2e-6 at full
+scale), epochs over the data, held-out loss, and orbax checkpoints `{"params", "rest",
+"opt_state"}` of which an RL run reads the first two through `config.init_checkpoint`.
+
+Checkpoints are saved every `config.sft.checkpoint_every` steps and at the end (whose record
+holds the final metrics: that is how a finished stage is recognised). A rerun resumes from the
+latest one: the data order is a function of the seed and the step, so a resumed run ends with
+the parameters an uninterrupted one ends with. SIGTERM / SIGINT save at the next step and raise
+Preempted (rl/jobs/checkpoint.py).
+
+Rows are `config.sft.max_len` tokens (0: the longest example, at most the model's max_seq_len);
+a longer example loses the end of its response (counted and logged). With `config.sft.pack`
+several examples share a row: each keeps positions from 0 and a segment id, so attention and the
+DSA indexer's top-k stay inside its own document, and the packed loss is the sum of the separate
+examples' losses.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from flax import nnx
+
+from configs import common
+from models import remat as remat_lib
+from models.padding import round_up
+from models.tokenizer import load_tokenizer, pad_batch
+from rl.core import train_step as ts
+from rl.jobs.checkpoint import Checkpointer, PreemptionGuard, Preempted, save_run_config
+from rl.jobs.checkpoint import workdir_path
+from rl.parallel.placement import Placement
+from rl.data.entries import encode_prompts, load_entries
+from rl.rewards import puzzles
+from rl.rollout.sampling import next_token_logprobs
+
+
+def sft_examples(entries, tokenizer, template: str) -> list[tuple[list[int], list[int]]]:
+  """(prompt ids, response ids) pairs; the response is the entry's `response` (e.g. written by
+  rejection sampling), else its worked `solution`, else its `answer`, then end-of-sequence."""
+  prompts = encode_prompts(entries, tokenizer, template)
+  responses = []
+  for e in entries:
+    target = e.get("response") or e.get("solution") or e.get("answer")
+    if not target:
+      raise ValueError(f"SFT record without response/solution/answer: {str(e)[:120]}")
+    responses.append(tokenizer.encode(target) + [tokenizer.eos_id])
+  return list(zip(prompts, responses))
+
+
+def fit_examples(examples, max_len: int) -> tuple[list[tuple[list[int], list[int]]], dict]:
+  """Cuts responses so that prompt + response <= max_len; an example whose prompt alone leaves
+  no response token is dropped. Returns (examples, {"truncated", "dropped"})."""
+  kept, counts = [], {"truncated": 0, "dropped": 0}
+  for prompt, response in examples:
+    room = max_len - len(prompt)
+    if room < 1:
+      counts["dropped"] += 1
+      continue
+    if len(response) > room:
+      counts["truncated"] += 1
+      response = response[:room]
+    kept.append((prompt, response))
+  return kept, counts
+
+
+def pack_rows(lengths: Sequence[int], order: Sequence[int], width: int, *,
+              open_rows: int = 32) -> list[list[int]]:
+  """Example indices per row of `width` tokens, in `order`: first fit among the `open_rows`
+  most recently opened rows (bounded work per example; a full scan over every row costs
+  O(examples x rows)), else a new row."""
+  rows: list[list[int]] = []
+  room: list[int] = []
+  for index in order:
+    length = lengths[index]
+    if length > width:
+      raise ValueError(f"example {index} has {length} tokens, more than the row width {width}")
+    for r in range(max(0, len(rows) - open_rows), len(rows)):
+      if room[r] >= length:
+        rows[r].append(index)
+        room[r] -= length
+        break
+    else:
+      rows.append([index])
+      room.append(width - length)
+  return rows
+
+
+def make_packed_batch(examples, rows: Sequence[Sequence[int]], pad_id: int,
+                      width: int) -> dict[str, np.ndarray]:
+  """Rows of several examples each: tokens, loss_mask (response tokens), token_mask (real
+  tokens), segment_ids (1, 2, ... per example; 0 on padding) and positions (from 0 in every
+  example)."""
+  batch = {"tokens": np.full((len(rows), width), pad_id, np.int32),
+           "loss_mask": np.zeros((len(rows), width), np.float32),
+           "token_mask": np.zeros((len(rows), width), np.float32),
+           "segment_ids": np.zeros((len(rows), width), np.int32),
+           "positions": np.zeros((len(rows), width), np.int32)}
+  for b, row in enumerate(rows):
+    start = 0
+    for segment, index in enumerate(row, start=1):
+      prompt, response = examples[index]
+      end = start + len(prompt) + len(response)
+      batch["tokens"][b, start:end] = prompt + response
+      batch["loss_mask"][b, start + len(prompt):end] = 1.0
+      batch["token_mask"][b, start:end] = 1.0
+      batch["segment_ids"][b, start:end] = segment
+      batch["positions"][b, start:end] = np.arange(end - start)
+      start = end
+  return batch
+
+
+def make_batch(examples, pad_id: int, width: int) -> dict[str, np.ndarray]:
+  """Right-padded tokens [B, W] and a loss mask that is 1 on response tokens only."""
+  seqs = [p + r for p, r in examples]
+  tokens, lengths = pad_batch(seqs, length=width, pad_id=pad_id)
+  prompt_lens = np.array([len(p) for p, _ in examples])
+  pos = np.arange(width)[None, :]
+  loss_mask = (pos >= prompt_lens[:, None]) & (pos < lengths[:, None])
+  return {"tokens": tokens, "loss_mask": loss_mask.astype(np.float32),
+          "token_mask": (pos < lengths[:, None]).astype(np.float32)}
+
+
+def response_nll(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array) -> jax.Array:
+  """Summed NLL of the masked tokens (token t predicted from position t - 1; in a packed row
+  the first token of an example is a prompt token, so no loss crosses a boundary)."""
+  return -jnp.sum(next_token_logprobs(logits, tokens) * loss_mask[:, 1:])
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains (or resumes) the SFT stage in `workdir`; returns its metrics. A finished stage is
+  not rerun: its final metrics are returned from the checkpoint."""
+  t_leg = time.perf_counter()
+  c = config
+  common.validate(c)
+  common.check_paths(c)
+  s = c.sft
+  workdir = workdir_path(workdir)
+  ckpt = Checkpointer(workdir / "checkpoints", keep=c.train.keep_checkpoints,
+                      save_every=s.checkpoint_every)
+  latest = ckpt.latest_step()
+  save_run_config(workdir, c, resuming=latest is not None)
+  if latest is not None:
+    record = ckpt.record(latest)
+    if "sft/eval_loss" in record:  # only the final checkpoint holds it
+      logging.info("SFT stage already done: %s step %d", ckpt.directory, latest)
+      ckpt.close()
+      return {k: v for k, v in record.items() if k.startswith("sft/")}
+  tokenizer = load_tokenizer(c.tokenizer)
+  entries, heldout = load_entries(c, tokenizer)
+  if s.carry_slip_rate:
+    entries = puzzles.with_carry_slips(entries, s.carry_slip_rate, seed=c.seed)
+  train_ex = sft_examples(entries, tokenizer, c.data.prompt_template)
+  eval_ex = sft_examples(heldout, tokenizer, c.data.prompt_template)
+  width = s.max_len or min(round_up(max(len(p) + len(r) for p, r in train_ex + eval_ex), 8),
+                           c.model.max_seq_len)
+  train_ex, train_cut = fit_examples(train_ex, width)
+  eval_ex, eval_cut = fit_examples(eval_ex, width)
+  for name, cut in (("training", train_cut), ("held-out", eval_cut)):
+    if cut["truncated"] or cut["dropped"]:
+      logging.warning("SFT %s examples over config.sft.max_len=%d tokens: %d truncated, %d "
+                      "dropped (prompt alone too long)", name, width, cut["truncated"],
+                      cut["dropped"])
+  if not train_ex or not eval_ex:
+    raise ValueError(f"config.sft.max_len={width}: no SFT example fits")
+
+  placement = Placement.from_config(c)
+  model = common.build_policy(c, placement.mesh)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  rest = jax.device_put(rest, placement.replicated)
+  rng = np.random.default_rng(c.seed)
+  epoch_orders = [rng.permutation(len(train_ex)) for _ in range(s.epochs)]
+  if s.pack:  # rows of several examples; the schedule needs every epoch's row count up front
+    lengths = [len(p) + len(r) for p, r in train_ex]
+    epoch_rows = [pack_rows(lengths, order, width) for order in epoch_orders]
+  else:
+    epoch_rows = [[[int(i)] for i in order] for order in epoch_orders]
+  steps_per_epoch = [max(len(rows) // s.batch_size, 1) for rows in epoch_rows]
+  total = sum(steps_per_epoch)
+  schedule = optax.warmup_cosine_decay_schedule(0.0, s.lr, min(s.warmup_steps, total - 1),
+                                                total, end_value=s.lr * s.final_lr_fraction)
+  optimizer = ts.clipped_adamw(schedule, weight_decay=s.weight_decay, grad_clip=s.grad_clip)
+  state = placement.train_state(params, optimizer, offload=c.optim.offload_state)
+  params, opt_state = state.params, state.opt_state
+  param_shardings, opt_shardings = placement.state_sharding(state)[:2]
+  host_opt = remat_lib.host_shardings(opt_shardings) if c.optim.offload_state else opt_shardings
+
+  model_cfg = common.model_config(c)
+  dsa = model_cfg.dsa
+  # MoE: one aux-loss-free bias step after every optimiser step, from the load it saw.
+  rebalance = (ts.make_rebalance(graphdef, model_cfg.router_bias_rate)
+               if model_cfg.router_bias_rate else None)
+
+  def loss_fn(params, rest, batch, stage):
+    out = nnx.merge(graphdef, params, rest).forward(
+        batch["tokens"], indexer_stage=stage, token_mask=batch["token_mask"],
+        positions=batch.get("positions"), segment_ids=batch.get("segment_ids"))
+    loss = response_nll(out.logits, batch["tokens"], batch["loss_mask"]) / jnp.maximum(
+        jnp.sum(batch["loss_mask"][:, 1:]), 1.0)
+    metrics = {}
+    if stage is not None:
+      # The indexer's inputs and targets are detached: this term trains only the indexer.
+      index = out.indexer_loss / jnp.maximum(jnp.sum(batch["token_mask"]), 1.0)
+      loss, metrics = loss + s.indexer_coef * index, dict(out.indexer_metrics)
+    return ts.add_router_balance(loss, metrics, out.router_stats,
+                                 model_cfg.router_aux_loss_coef, 1.0)
+
+  # Layouts pinned (rl/parallel/placement.py): parameters and optimiser state stay where they were
+  # placed, the optimiser state in host memory between steps with config.optim.offload_state.
+  @functools.partial(jax.jit, static_argnums=4, donate_argnums=(0, 1),
+                     out_shardings=(param_shardings, host_opt, None, None))
+  def train_step(params, opt_state, rest, batch, stage):
+    opt_state = jax.device_put(opt_state, opt_shardings)
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, rest, batch, stage)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, aux
+
+  def stage_at(step: int) -> str | None:
+    """DSA: a dense warm-up (dense attention, the indexer fitted to it), then sparse training
+    with the indexer loss restricted to its own top-k; None for non-DSA models."""
+    if not dsa or not s.indexer_coef:
+      return None
+    return "dense_warmup" if step < s.dense_warmup_steps else "sparse"
+
+  @jax.jit
+  def eval_sums(params, rest, batch):
+    logits = nnx.merge(graphdef, params, rest)(batch["tokens"])
+    return (response_nll(logits, batch["tokens"], batch["loss_mask"]),
+            jnp.sum(batch["loss_mask"][:, 1:]))
+
+  def eval_loss(params, rest) -> float:
+    nll = count = 0.0
+    for i in range(0, len(eval_ex), s.batch_size):
+      chunk = eval_ex[i:i + s.batch_size]
+      chunk = chunk + chunk[:1] * (s.batch_size - len(chunk))  # fixed shape; repeats unweighted
+      batch = make_batch(chunk, tokenizer.pad_id, width)
+      real = len(eval_ex[i:i + s.batch_size])
+      batch["loss_mask"][real:] = 0.0
+      with placement.scope():
+        a, b = eval_sums(params, rest, placement.put_batch(batch))
+      nll, count = nll + float(a), count + float(b)
+    return nll / max(count, 1.0)
+
+  start_step, wall_s_before = 0, 0.0
+  latest = ckpt.restore_latest({"params": params, "rest": rest, "opt_state": opt_state})
+  if latest is None:
+    metrics = {"sft/eval_loss_start": eval_loss(params, rest)}
+  else:
+    start_step, restored, record = latest
+    params, rest, opt_state = restored["params"], restored["rest"], restored["opt_state"]
+    metrics = {"sft/eval_loss_start": record["sft/eval_loss_start"]}
+    wall_s_before = record["sft/wall_s"]
+    logging.info("SFT resumed from %s at step %d", ckpt.directory, start_step)
+
+  def save(step: int, *, force: bool = False, **final) -> None:
+    ckpt.save(step, {"params": params, "rest": rest, "opt_state": opt_state},
+              {"step": step, **metrics, **final,
+               "sft/wall_s": wall_s_before + time.perf_counter() - t_leg}, force=force)
+
+  logging.info("SFT: %d examples in rows of %d tokens (%.1f per row), %d steps, eval loss %.4f",
+               len(train_ex), width, len(train_ex) / max(len(epoch_rows[0]), 1), total,
+               metrics["sft/eval_loss_start"])
+  t0 = time.perf_counter()
+  step = 0
+  loss = float("nan")  # no step left to run in this leg
+  with PreemptionGuard() as preemption:
+    for epoch, rows in enumerate(epoch_rows):
+      for i in range(steps_per_epoch[epoch]):
+        if step < start_step:  # done before the restart (the order is the seed's)
+          step += 1
+          continue
+        batch_rows = rows[i * s.batch_size:(i + 1) * s.batch_size]
+        if s.pack:
+          batch = make_packed_batch(train_ex, batch_rows, tokenizer.pad_id, width)
+        else:
+          batch = make_batch([train_ex[r[0]] for r in batch_rows], tokenizer.pad_id, width)
+        stage = stage_at(step)
+        with placement.scope():
+          params, opt_state, loss, aux = train_step(params, opt_state, rest,
+                                                    placement.put_batch(batch), stage)
+          router_load = aux.pop("router_load", None)
+          if rebalance is not None:
+            rest = jax.device_put(rebalance(params, rest, router_load), placement.replicated)
+        step += 1
+        if step % s.log_every == 0 or step == total:
+          elapsed = time.perf_counter() - t0
+          if router_load is not None:
+            aux.update(ts.load_metrics(router_load))
+          extra = "".join(f" {k} {float(v):.3f}" for k, v in aux.items())
+          logging.info("sft step %d/%d epoch %d loss %.4f%s%s ETA %.0fs", step, total, epoch,
+                       float(loss), f" [{stage}]" if stage else "", extra,
+                       elapsed / (step - start_step) * (total - step))
+        if step < total:  # the last step's checkpoint is the final one, with its metrics
+          save(step)
+          if preemption.requested():
+            save(step, force=True)
+            ckpt.close()
+            raise Preempted(f"SFT stopped by {preemption.received or 'another process'} after "
+                            f"step {step}/{total}; checkpoint saved in {ckpt.directory}: rerun "
+                            "the same command to resume")
+  final = {"sft/eval_loss": eval_loss(params, rest), "sft/train_loss": float(loss)}
+  logging.info("SFT done: eval loss %.4f -> %.4f", metrics["sft/eval_loss_start"],
+               final["sft/eval_loss"])
+  save(total, force=True, **final)
+  ckpt.close()
+  return {**metrics, **final, "sft/wall_s": wall_s_before + time.perf_counter() - t_leg}

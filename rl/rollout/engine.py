@@ -1,0 +1,479 @@
+"""The rollout engine: batched prefill and KV-cached decoding inside one jitted `lax.while_loop`,
+with continuous batching, per-sequence RNG streams and the records keep-routing and
+keep-sampling-mask need.
+
+How one call runs (`run_engine`, all inside one jit):
+
+  slots   S decode rows share one fixed-shape KV cache [S, W] (W = prompt bucket P + new M).
+  refill  a free slot takes the next pending sequence: its prompt is prefilled (R rows at a
+          time, in a fresh [R, P] cache whose rows are then copied into the free slots) and its
+          next-token logits parked in the slot. Static batching is the case S >= N (one fill).
+  sample  every occupied slot draws its next token from the parked logits (`rl.rollout.sampling`),
+          with key fold_in(fold_in(rng, sequence uid), index of the token in the response), so
+          the draw does not depend on which slot or step it happens in: static and continuous
+          batching give the same samples.
+  decode  one cached forward step processes the drawn tokens (this records the experts every
+          token was processed with, the stop token included) and parks the next logits; slots
+          whose sequence hit a stop id or its token budget become free for the next refill.
+
+Shapes are bucketed (prompt width to a multiple of `prompt_bucket` or a fixed
+`max_prompt_len`; sequence count to a multiple of the slot count), so steady-state calls reuse
+one compiled program; `trace_count()` counts compilations for tests.
+
+Output rows follow the `Trajectories` layout: prompt, then response, then padding; logp_old,
+sample_mask and routing are aligned with the tokens (routing[n, t] = experts used when token t
+was processed; sample_mask[n, t] = kept set when token t was drawn).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from models import sharding as sharding_lib
+from models.padding import round_up
+from models.tokenizer import pad_batch
+from rl.rollout import fp8, sampling
+from rl.core.types import Trajectories
+
+_TRACES: collections.Counter = collections.Counter()
+
+
+def trace_count() -> int:
+  """How many times the engine has been traced (= compiled) in this process."""
+  return sum(_TRACES.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  """Sampling and batching settings of the rollout engine."""
+
+  max_new_tokens: int = 256
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0  # 0: off
+  greedy: bool = False
+  stop_ids: tuple[int, ...] = ()
+  prompt_bucket: int = 64  # prompt width is rounded up to a multiple of this
+  max_prompt_len: int = 0  # > 0: every batch uses exactly this prompt width
+  batch_size: int = 0  # decode slots; 0: one slot per sequence (static batching)
+  prefill_batch: int = 0  # prompts prefilled together on refill; 0: max(1, batch_size // 4)
+  keep_sampling_mask: bool = False
+  keep_routing: bool = False
+  vocab_limit: int | None = None  # ids >= this are never sampled
+  pad_id: int = 0
+
+  def __post_init__(self):
+    object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
+    if self.max_new_tokens <= 0:
+      raise ValueError(f"RolloutConfig.max_new_tokens={self.max_new_tokens}: must be positive")
+    if not self.greedy and self.temperature <= 0:
+      raise ValueError(f"RolloutConfig.temperature={self.temperature}: must be > 0 unless "
+                       "greedy=True")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"RolloutConfig.top_p={self.top_p}: must be in (0, 1]")
+    for name in ("top_k", "max_prompt_len", "batch_size", "prefill_batch"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"RolloutConfig.{name}={getattr(self, name)}: must be >= 0")
+    if self.prompt_bucket <= 0:
+      raise ValueError(f"RolloutConfig.prompt_bucket={self.prompt_bucket}: must be positive")
+    if self.vocab_limit is not None and self.vocab_limit <= 0:
+      raise ValueError(f"RolloutConfig.vocab_limit={self.vocab_limit}: must be positive")
+
+  def replace(self, **changes: Any) -> "RolloutConfig":
+    return dataclasses.replace(self, **changes)
+
+
+def run_rollout_config(config, *, stop_ids: Sequence[int] = (), pad_id: int = 0
+                       ) -> RolloutConfig:
+  """The training rollouts' settings of a run config (config.rollout, config.rl's
+  keep-sampling-mask and keep-routing; temperature 0 is greedy) with the tokenizer's stop and
+  pad ids: what the trainer samples with and the dry run compiles."""
+  r = config.rollout
+  return RolloutConfig(
+      max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+      greedy=r.temperature == 0, stop_ids=tuple(stop_ids), prompt_bucket=r.prompt_bucket,
+      batch_size=r.batch_size, prefill_batch=r.prefill_batch,
+      keep_sampling_mask=config.rl.keep_sampling_mask, keep_routing=config.rl.keep_routing,
+      pad_id=pad_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class _EngineSpec:
+  """Everything static about one compiled engine (shapes come from the arguments)."""
+
+  slots: int
+  refill_rows: int
+  new_tokens: int  # M: response tokens one call may add to a sequence
+  temperature: float
+  top_p: float
+  top_k: int
+  greedy: bool
+  keep_sampling_mask: bool
+  keep_routing: bool
+  vocab_limit: int | None
+  pad_id: int
+  row_sharding: NamedSharding | None  # rows (slots, sequences) over the mesh's batch axes
+
+
+# ------------------------------------------------------------------------------ Engine
+
+def _scatter_cache_rows(cache: dict, rows: dict, slots: jax.Array) -> dict:
+  """Copies prefill cache rows [R, P, ...] into slots [R] of the big cache (slot S: dropped)."""
+  width = rows["layers"][0][next(iter(rows["layers"][0]))].shape[1]
+  layers = tuple({name: big.at[slots, :width].set(rows_layer[name].astype(big.dtype), mode="drop")
+                  for name, big in big_layer.items()}
+                 for big_layer, rows_layer in zip(cache["layers"], rows["layers"]))
+  lengths = cache["lengths"].at[slots].set(rows["lengths"], mode="drop")
+  return {"lengths": lengths, "layers": layers}
+
+
+def _engine_fn(graphdef, spec: _EngineSpec):
+  """The pure engine: (state, inputs) -> per-sequence outputs; jitted by `_compiled_engine`."""
+
+  def constrain(x):
+    if spec.row_sharding is None:
+      return x
+    spec_rows = PartitionSpec(spec.row_sharding.spec[0], *([None] * (x.ndim - 1)))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(spec.row_sharding.mesh, spec_rows))
+
+  def run(state, rng, context_ids, context_lens, uids, generated_before, max_new, stop_table,
+          n_real):
+    _TRACES[(graphdef, spec, context_ids.shape)] += 1
+    # An FP8 sampler state (rl/rollout/fp8.py) enters as codes + scales and is dequantised here.
+    model = nnx.merge(graphdef, fp8.dequantize_state(state))
+    cfg = model.cfg
+    n_seqs, prompt_width = context_ids.shape
+    width = prompt_width + spec.new_tokens
+    slots = spec.slots
+    vocab = cfg.vocab_size
+    free = n_seqs  # slot_seq value of an empty slot (also an out-of-range row: writes drop)
+    seq_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, uids)
+    record_routing = spec.keep_routing and cfg.is_moe
+
+    def init_cache(rows, length):
+      return jax.tree.map(constrain, model.init_cache(rows, length)) if rows == slots else (
+          model.init_cache(rows, length))
+
+    carry = {
+        "cache": init_cache(slots, width),
+        "slot_seq": constrain(jnp.full((slots,), free, jnp.int32)),
+        "slot_count": constrain(jnp.zeros((slots,), jnp.int32)),
+        "slot_new": constrain(jnp.zeros((slots,), jnp.int32)),
+        "slot_logits": constrain(jnp.zeros((slots, vocab), jnp.float32)),
+        "queue": jnp.zeros((), jnp.int32),
+        "steps": jnp.zeros((), jnp.int32),
+        "prefills": jnp.zeros((), jnp.int32),
+        "tokens": constrain(jnp.pad(context_ids, ((0, 0), (0, spec.new_tokens)),
+                                    constant_values=spec.pad_id)),
+        "logp": constrain(jnp.zeros((n_seqs, width), jnp.float32)),
+        "new_count": constrain(jnp.zeros((n_seqs,), jnp.int32)),
+        "stopped": constrain(jnp.zeros((n_seqs,), bool)),
+    }
+    if record_routing:
+      k = cfg.n_experts_per_tok
+      # Positions never processed (trailing padding) hold distinct valid ids: replaying them
+      # is harmless because no loss reads those positions' outputs.
+      carry["routing"] = constrain(jnp.broadcast_to(
+          jnp.arange(k, dtype=jnp.int32), (n_seqs, width, cfg.n_moe_layers, k)))
+    if spec.keep_sampling_mask:
+      carry["mask"] = constrain(sampling.full_sample_mask((n_seqs, width), vocab))
+
+    def refill(c):
+      """Moves up to R pending sequences into free slots (prefill + parked logits)."""
+      rows = spec.refill_rows
+      slot_idx = jnp.nonzero(c["slot_seq"] == free, size=rows, fill_value=slots)[0]
+      seq = c["queue"] + jnp.arange(rows, dtype=jnp.int32)
+      valid = (slot_idx < slots) & (seq < n_real)
+      slot_idx = jnp.where(valid, slot_idx, slots)
+      seq_safe = jnp.where(valid, seq, 0)
+      lens = jnp.where(valid, context_lens[seq_safe], 1)
+      out = model.forward(context_ids[seq_safe], cache=init_cache(rows, prompt_width),
+                          num_new=lens, head_at=lens - 1)
+      last_logits = out.logits[:, 0]
+      c = dict(c)
+      c["cache"] = _scatter_cache_rows(c["cache"], out.cache, slot_idx)
+      c["slot_seq"] = c["slot_seq"].at[slot_idx].set(seq, mode="drop")
+      c["slot_count"] = c["slot_count"].at[slot_idx].set(generated_before[seq_safe], mode="drop")
+      c["slot_new"] = c["slot_new"].at[slot_idx].set(0, mode="drop")
+      c["slot_logits"] = c["slot_logits"].at[slot_idx].set(last_logits, mode="drop")
+      if record_routing:
+        seq_rows = jnp.where(valid, seq, free)
+        c["routing"] = c["routing"].at[seq_rows, :prompt_width].set(out.routing, mode="drop")
+      c["queue"] = c["queue"] + jnp.sum(valid.astype(jnp.int32))
+      c["prefills"] = c["prefills"] + 1
+      return c
+
+    def pending(c):
+      return jnp.any(c["slot_seq"] == free) & (c["queue"] < n_real)
+
+    def step(c):
+      c = dict(jax.lax.while_loop(pending, refill, c))
+      active = c["slot_seq"] < free
+      seq = jnp.where(active, c["slot_seq"], 0)
+      keys = jax.vmap(jax.random.fold_in)(seq_keys[seq], c["slot_count"])
+      token, token_logp, kept = sampling.sample(
+          keys, c["slot_logits"], temperature=spec.temperature, top_p=spec.top_p,
+          top_k=spec.top_k, vocab_limit=spec.vocab_limit, greedy=spec.greedy)
+      token = jnp.where(active, token, spec.pad_id)
+      position = c["cache"]["lengths"]
+      row = c["slot_seq"]  # `free` for empty slots: their writes are dropped
+      c["tokens"] = c["tokens"].at[row, position].set(token, mode="drop")
+      c["logp"] = c["logp"].at[row, position].set(token_logp, mode="drop")
+      if spec.keep_sampling_mask:
+        c["mask"] = c["mask"].at[row, position].set(sampling.pack_sample_mask(kept), mode="drop")
+      c["slot_count"] = c["slot_count"] + active
+      c["slot_new"] = c["slot_new"] + active
+      stop = active & jnp.any(token[:, None] == stop_table[seq], axis=-1)
+      done = stop | (c["slot_new"] >= max_new[seq])
+      c["new_count"] = c["new_count"].at[row].set(c["slot_new"], mode="drop")
+      c["stopped"] = c["stopped"].at[row].set(stop, mode="drop")
+      out = model.forward(token[:, None], cache=c["cache"], num_new=active.astype(jnp.int32))
+      c["cache"] = out.cache
+      c["slot_logits"] = out.logits[:, 0]
+      if record_routing:
+        c["routing"] = c["routing"].at[row, position].set(out.routing[:, 0], mode="drop")
+      c["slot_seq"] = jnp.where(done, free, c["slot_seq"])
+      c["steps"] = c["steps"] + 1
+      return c
+
+    def running(c):
+      return jnp.any(c["slot_seq"] < free) | (c["queue"] < n_real)
+
+    carry = jax.lax.while_loop(running, step, carry)
+
+    positions = jnp.arange(width, dtype=jnp.int32)[None, :]
+    response = ((positions >= context_lens[:, None])
+                & (positions < (context_lens + carry["new_count"])[:, None]))
+    result = {
+        "tokens": carry["tokens"],
+        "response_mask": response.astype(jnp.int32),
+        "logp_old": jnp.where(response, carry["logp"], 0.0),
+        "new_count": carry["new_count"],
+        "stopped": carry["stopped"],
+        "decode_steps": carry["steps"],
+        "prefill_calls": carry["prefills"],
+    }
+    if record_routing:
+      result["routing"] = carry["routing"]
+    if spec.keep_sampling_mask:
+      result["sample_mask"] = carry["mask"]
+    return {k: v if v.ndim == 0 else constrain(v) for k, v in result.items()}
+
+  return run
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_engine(graphdef, spec: _EngineSpec):
+  return jax.jit(_engine_fn(graphdef, spec))
+
+
+def _row_sharding(mesh) -> NamedSharding | None:
+  if mesh is None:
+    return None
+  spec = sharding_lib.logical_to_spec(("batch",), (math.prod(mesh.devices.shape),), mesh)
+  return NamedSharding(mesh, PartitionSpec(spec[0]))
+
+
+def _slot_multiple(row_sharding: NamedSharding | None) -> int:
+  if row_sharding is None or row_sharding.spec[0] is None:
+    return 1
+  axes = row_sharding.spec[0]
+  axes = (axes,) if isinstance(axes, str) else axes
+  return math.prod(row_sharding.mesh.shape[a] for a in axes)
+
+
+def _engine_spec(cfg: RolloutConfig, n: int, new_tokens: int, rows: int | None,
+                 mesh) -> tuple[_EngineSpec, int]:
+  """The compiled engine's static spec for n sequences, and the padded sequence count."""
+  row_sharding = _row_sharding(mesh)
+  slots = round_up(cfg.batch_size or n, _slot_multiple(row_sharding))
+  n_padded = round_up(max(n, slots, rows or 0), slots)
+  # Static batching prefills every prompt in one call; continuous batching refills a few
+  # slots at a time (the first fill then takes slots / R calls of the same compiled prefill).
+  refill_rows = slots if n_padded <= slots else min(slots, cfg.prefill_batch
+                                                     or max(1, slots // 4))
+  spec = _EngineSpec(
+      slots=slots, refill_rows=refill_rows, new_tokens=new_tokens,
+      temperature=float(cfg.temperature), top_p=float(cfg.top_p), top_k=int(cfg.top_k),
+      greedy=bool(cfg.greedy), keep_sampling_mask=cfg.keep_sampling_mask,
+      keep_routing=cfg.keep_routing, vocab_limit=cfg.vocab_limit, pad_id=int(cfg.pad_id),
+      row_sharding=row_sharding)
+  return spec, n_padded
+
+
+def lower_engine(graphdef, state, cfg: RolloutConfig, *, sequences: int, prompt_width: int,
+                 new_tokens: int | None = None, mesh=None, stop_width: int = 8):
+  """The engine `run_engine` compiles for `sequences` contexts of `prompt_width` tokens and
+  `new_tokens` more (default cfg.max_new_tokens), lowered from abstract values (`state`: a tree
+  of ShapeDtypeStruct with shardings), nothing allocated: launch/dry_run.py compiles it for a
+  TPU topology this host does not have."""
+  spec, n_padded = _engine_spec(cfg, sequences, int(new_tokens or cfg.max_new_tokens), None,
+                                mesh)
+
+  def rows(*shape):
+    return jax.ShapeDtypeStruct((n_padded, *shape), jnp.int32, sharding=spec.row_sharding)
+  rng = jax.eval_shape(lambda: jax.random.key(0))
+  return _compiled_engine(graphdef, spec).lower(
+      state, rng, rows(prompt_width), rows(), rows(), rows(), rows(), rows(stop_width),
+      jax.ShapeDtypeStruct((), jnp.int32))
+
+
+def run_engine(graphdef, state, context_ids: np.ndarray, context_lens: np.ndarray, rng,
+               cfg: RolloutConfig, *, uids: np.ndarray | None = None,
+               generated_before: np.ndarray | None = None, max_new: np.ndarray | None = None,
+               new_tokens: int | None = None, rows: int | None = None,
+               stop_ids: Sequence[Sequence[int]] | None = None, mesh=None) -> dict[str, Any]:
+  """Generates continuations of N right-padded contexts [N, P]; the low-level entry point.
+
+  Args:
+    context_ids, context_lens: int32 [N, P] and [N]; each row is continued after its context.
+    rng: PRNG key; sequence n draws with fold_in(rng, uids[n]) (default uids = 0..N-1).
+    generated_before: [N] response tokens already inside the context (resumed partial
+      generations): the RNG stream continues at that index.
+    max_new: [N] tokens this call may add per row (default `new_tokens`).
+    new_tokens: M, the output width past the context (default cfg.max_new_tokens).
+    rows: pad the sequence count to at least this (a fixed bucket: one compiled shape).
+    stop_ids: per-row extra stop ids, on top of cfg.stop_ids (a traced table, bucketed to a
+      multiple of 8 ids: other stop sets do not recompile).
+    mesh: shard slots and sequences over the mesh's batch axes (state placed by the caller).
+
+  Returns a dict of arrays, rows as given: tokens [N, P+M], response_mask, logp_old, new_count,
+  stopped [N] (hit a stop id), routing / sample_mask when asked, the loop's decode_steps and
+  prefill_calls, and the slot count used.
+  """
+  n = context_ids.shape[0]
+  if n == 0:
+    raise ValueError("run_engine needs at least one sequence")
+  if np.any(np.asarray(context_lens) <= 0):
+    raise ValueError("every context needs at least one token (a bos or chat-template prefix)")
+  if max_new is not None and np.any(np.asarray(max_new) <= 0):
+    raise ValueError("max_new must be >= 1 for every row (finished rows are not resubmitted)")
+  new_tokens = int(new_tokens or cfg.max_new_tokens)
+  spec, n_padded = _engine_spec(cfg, n, new_tokens, rows, mesh)
+  row_sharding, slots = spec.row_sharding, spec.slots
+
+  def padded_rows(x, fill, dtype):
+    x = np.asarray(x, dtype)
+    padded = np.full((n_padded, *x.shape[1:]), fill, dtype)
+    padded[:n] = x
+    return padded if row_sharding is None else sharding_lib.put_global(padded, row_sharding)
+
+  stop_sets = [list(cfg.stop_ids) + list(extra or ()) for extra in (stop_ids or [()] * n)]
+  if len(stop_sets) != n:
+    raise ValueError(f"stop_ids has {len(stop_sets)} rows for {n} sequences")
+  stop_table = np.full((n, round_up(max(1, *map(len, stop_sets)), 8)), -1, np.int32)
+  for row, ids in enumerate(stop_sets):
+    stop_table[row, :len(ids)] = ids
+  zeros = np.zeros((n,), np.int32)
+  inputs = (
+      padded_rows(context_ids, cfg.pad_id, np.int32),
+      padded_rows(context_lens, 1, np.int32),
+      padded_rows(np.arange(n) if uids is None else uids, 0, np.int32),
+      padded_rows(zeros if generated_before is None else generated_before, 0, np.int32),
+      padded_rows(np.full((n,), new_tokens) if max_new is None
+                  else np.minimum(max_new, new_tokens), 1, np.int32),
+      padded_rows(stop_table, -1, np.int32),
+  )
+  engine = _compiled_engine(graphdef, spec)
+  out = engine(state, rng, *inputs, jnp.asarray(n, jnp.int32))
+  out = {k: sharding_lib.to_host(v) for k, v in out.items()}  # several processes: gathered
+  if n_padded != n:
+    out = {k: v if v.ndim == 0 else v[:n] for k, v in out.items()}
+  out["slots"] = slots
+  return out
+
+
+# ------------------------------------------------------------------------------ generate
+
+def prompt_batch(prompts, cfg: RolloutConfig) -> tuple[np.ndarray, np.ndarray]:
+  """Ragged prompts (list of id lists) or (ids [B, P], lens [B]) -> bucketed (ids, lens)."""
+  if (isinstance(prompts, tuple) and len(prompts) == 2 and np.ndim(prompts[0]) == 2
+      and np.ndim(prompts[1]) == 1):
+    ids, lens = np.asarray(prompts[0], np.int32), np.asarray(prompts[1], np.int32)
+    sequences = [list(row[:length]) for row, length in zip(ids, lens)]
+  else:
+    sequences = [list(p) for p in prompts]
+  if not sequences:
+    raise ValueError("generate needs at least one prompt")
+  empty = [i for i, s in enumerate(sequences) if not s]
+  if empty:
+    raise ValueError(f"prompts {empty[:5]} are empty: every prompt needs at least one token")
+  if cfg.max_prompt_len:
+    longest = max(len(s) for s in sequences)
+    if longest > cfg.max_prompt_len:
+      raise ValueError(f"a prompt of {longest} tokens exceeds RolloutConfig.max_prompt_len="
+                       f"{cfg.max_prompt_len}")
+    return pad_batch(sequences, length=cfg.max_prompt_len, pad_id=cfg.pad_id)
+  return pad_batch(sequences, multiple_of=cfg.prompt_bucket, pad_id=cfg.pad_id)
+
+
+def generate(graphdef, state, prompts: Sequence[Sequence[int]] | tuple[np.ndarray, np.ndarray],
+             rng, cfg: RolloutConfig, *, num_samples: int = 1, policy_version: int = 0,
+             stop_ids: Sequence[Sequence[int]] | None = None,
+             max_new_tokens: Sequence[int] | None = None, mesh=None,
+             return_stats: bool = False):
+  """Samples `num_samples` responses per prompt and returns them as `Trajectories`.
+
+  Rows are grouped by prompt (the G samples of prompt i are rows i*G .. i*G+G-1, group_id i);
+  sequence n draws from the RNG stream fold_in(rng, n), so the result does not depend on
+  `cfg.batch_size` (continuous vs static batching). Per prompt, `stop_ids[i]` adds stop ids to
+  cfg.stop_ids and `max_new_tokens[i]` (<= cfg.max_new_tokens) caps the response length. With
+  `return_stats` also returns {"decode_steps", "prefill_calls", "generated_tokens",
+  "slot_utilisation"}.
+  """
+  if num_samples <= 0:
+    raise ValueError(f"num_samples={num_samples}: must be positive")
+  ids, lens = prompt_batch(prompts, cfg)
+  limit = np.full((len(ids),), cfg.max_new_tokens, np.int32)
+  if max_new_tokens is not None:
+    limit = np.asarray(max_new_tokens, np.int32)
+    if limit.shape != (len(ids),) or limit.min() < 1 or limit.max() > cfg.max_new_tokens:
+      raise ValueError(f"max_new_tokens needs one value in [1, {cfg.max_new_tokens}] per "
+                       f"prompt ({len(ids)}), got {limit.tolist()}")
+  if stop_ids is not None and len(stop_ids) != len(ids):
+    raise ValueError(f"stop_ids needs one list per prompt ({len(ids)}), got {len(stop_ids)}")
+  repeat = functools.partial(np.repeat, repeats=num_samples, axis=0)
+  ids, lens, limit = repeat(ids), repeat(lens), repeat(limit)
+  row_stop_ids = None if stop_ids is None else [s for s in stop_ids for _ in range(num_samples)]
+  out = run_engine(graphdef, state, ids, lens, rng, cfg, max_new=limit, stop_ids=row_stop_ids,
+                   mesh=mesh)
+  traj = trajectories_from_engine(out, lens, policy_version=policy_version,
+                                  group_id=repeat(np.arange(len(ids) // num_samples)),
+                                  max_new_tokens=limit)
+  if not return_stats:
+    return traj
+  steps = int(out["decode_steps"])
+  generated = int(np.asarray(out["new_count"]).sum())
+  return traj, {"decode_steps": steps, "prefill_calls": int(out["prefill_calls"]),
+                "generated_tokens": generated,
+                "slot_utilisation": generated / max(steps * out["slots"], 1)}
+
+
+def trajectories_from_engine(out: dict, prompt_lens: np.ndarray, *, policy_version: int,
+                             group_id: np.ndarray, max_new_tokens: np.ndarray) -> Trajectories:
+  """Wraps fresh engine output (context = prompt) as `Trajectories`; max_new_tokens [N] is
+  each row's length cap (a row that reached it without a stop id is truncated)."""
+  new_count = np.asarray(out["new_count"])
+  stopped = np.asarray(out["stopped"])
+  return Trajectories(
+      tokens=out["tokens"],
+      prompt_lens=np.asarray(prompt_lens, np.int32),
+      response_mask=out["response_mask"],
+      logp_old=out["logp_old"],
+      policy_version=np.full(out["tokens"].shape, policy_version, np.int32),
+      group_id=np.asarray(group_id, np.int32),
+      finished=stopped,
+      truncated=~stopped & (new_count >= max_new_tokens),
+      routing=out.get("routing"),
+      sample_mask=out.get("sample_mask"),
+  )

@@ -1,0 +1,229 @@
+"""Config files and start-up validation: every config builds and validates; typos in field
+names and bad values fail early with the field named; the launcher exits with a clear message."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+from ml_collections import config_flags  # noqa: F401  (the launcher's flag type)
+
+from configs import common
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+CONFIG_FILES = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
+
+
+def load(path, arg=None):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("cfg", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg is not None else module.get_config()
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIG_FILES
+                                  if os.path.basename(p) not in ("__init__.py", "common.py")])
+def test_every_config_validates(path):
+  """Each config file's get_config() returns a locked config that passes validation."""
+  config = load(path)
+  common.validate(config)
+  with pytest.raises(AttributeError):
+    config.rl.clip_hihg = 0.3  # locked: unknown keys are errors
+
+
+@pytest.mark.parametrize("variant", ["dapo", "vapo", "grpo_v32"])
+def test_demo_variants(variant):
+  """The demo's algorithm variants select their recipes."""
+  config = load(os.path.join(ROOT, "configs", "demo.py"), variant)
+  common.validate(config)
+  assert common.describe_rl(config).startswith(variant)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("rl.loss_agg_mode", "mean", r"config.rl.loss_agg_mode='mean': must be one of"),
+    ("data.task", "chess", r"config.data.task='chess'"),
+    ("model.kv_lora_rank", 0, r"config.model.kv_lora_rank=0"),
+    ("model.index_topk", 0, r"config.model.index_topk=0"),
+    ("rollout.top_p", 1.5, r"config.rollout.top_p=1.5"),
+    ("train.micro_batches", 7, r"config.train.mini_batches=1 x micro_batches=7"),
+    ("job", "pretrain", r"config.job='pretrain'"),
+    ("mesh.shape.fsdp", 0, r"config.mesh.shape.fsdp=0: must be positive or -1"),
+    ("mesh.dcn.data", -1, r"config.mesh.dcn.data=-1: must be >= 1"),
+    ("kernel_backend", "cuda", r"config.kernel_backend='cuda': must be one of"),
+    ("rollout.streaming.max_staleness", -1, r"config.rollout.streaming.max_staleness=-1"),
+    ("model.kernel_backend", "tpu", r"config.model.kernel_backend is not read"),
+    ("init_checkpoint", "/ckpt", r"config.init_checkpoint='/ckpt' with config.job='sft_rl'"),
+])
+def test_bad_values_name_the_field(field, value, message):
+  """validate() rejects a bad value with a message naming the field and what is allowed."""
+  config = load(os.path.join(ROOT, "configs", "demo.py"))
+  section, _, key = field.rpartition(".")
+  target = config[section] if section else config
+  with target.unlocked() if hasattr(target, "unlocked") else config.unlocked():
+    target[key] = value
+  with pytest.raises(ValueError, match=message):
+    common.validate(config)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("optim.lr", NAN, r"config.optim.lr=nan: must be positive and finite"),
+    ("optim.lr", INF, r"config.optim.lr=inf: must be positive and finite"),
+    ("optim.lr", -1e-4, r"config.optim.lr=-0.0001: must be positive"),
+    ("optim.critic_lr", NAN, r"config.optim.critic_lr=nan"),
+    ("sft.lr", NAN, r"config.sft.lr=nan"),
+    ("rollout.temperature", NAN, r"config.rollout.temperature=nan: must be >= 0 and finite"),
+    ("rollout.eval_temperature", -1.0, r"config.rollout.eval_temperature=-1.0"),
+    ("rl.kl_coef", -0.01, r"config.rl.kl_coef=-0.01: must be >= 0"),
+    ("rl.kl_coef", NAN, r"config.rl.kl_coef=nan"),
+    ("rl.kl_coef_per_domain", "math=-0.1",
+     r"config.rl.kl_coef_per_domain='math=-0.1': 'math=-0.1' is not domain=beta"),
+    ("rl.kl_coef_per_domain", "math=0.1,math=0.2", r"'math=0.2' is not domain=beta"),
+    ("rl.kl_coef_per_domain", "math:0.1", r"'math:0.1' is not domain=beta"),
+    ("optim.grad_clip", -1.0, r"config.optim.grad_clip=-1.0: must be positive"),
+    ("optim.grad_clip", NAN, r"config.optim.grad_clip=nan"),
+    ("optim.b1", 1.0, r"config.optim.b1=1.0: must be in \[0, 1\)"),
+    ("optim.b2", -0.1, r"config.optim.b2=-0.1: must be in \[0, 1\)"),
+    ("optim.b2", NAN, r"config.optim.b2=nan"),
+    ("optim.warmup_steps", -5, r"config.optim.warmup_steps=-5: must be >= 0"),
+    ("sft.warmup_steps", -1, r"config.sft.warmup_steps=-1: must be >= 0"),
+    ("train.keep_checkpoints", 0, r"config.train.keep_checkpoints=0: must be positive"),
+    ("train.keep_checkpoints", -1, r"config.train.keep_checkpoints=-1: must be positive"),
+    ("train.checkpoint_every", 0, r"config.train.checkpoint_every=0: must be positive"),
+    ("train.checkpoint_every", -2, r"config.train.checkpoint_every=-2: must be positive"),
+    ("sft.checkpoint_every", 0, r"config.sft.checkpoint_every=0: must be positive"),
+    ("rollout.max_new_tokens", 4096, r"config.rollout.max_new_tokens=4096: must be smaller "
+                                     r"than config.model.max_seq_len=256"),
+    ("sft.max_len", 1000, r"config.sft.max_len=1000: must be in \[0, "
+                          r"config.model.max_seq_len=256\]"),
+])
+def test_bad_numbers_name_the_field(field, value, message):
+  """Values that would train on NaN, diverge, never save or delete every checkpoint, or
+  overflow the model's context are refused at start, naming the field (they passed
+  validation before: NaN compares False with every bound)."""
+  config = load(os.path.join(ROOT, "configs", "demo.py"))
+  section, _, key = field.rpartition(".")
+  with config.unlocked():
+    config[section][key] = value
+  with pytest.raises(common.InputError, match=message):
+    common.validate(config)
+
+
+def test_missing_tokenizer_and_hf_dir_are_named(tmp_path):
+  """check_paths (run before a job builds anything) names config.tokenizer or
+  config.init_hf_dir when the directory is not there."""
+  config = load(os.path.join(ROOT, "configs", "demo.py"))
+  common.check_paths(config)
+  config.tokenizer = str(tmp_path / "no_tokenizer")
+  with pytest.raises(common.InputError, match=r"config.tokenizer='.*no_tokenizer': no such"):
+    common.check_paths(config)
+  config.tokenizer = "byte"
+  config.init_hf_dir = str(tmp_path)
+  with pytest.raises(common.InputError, match=r"config.init_hf_dir='.*': no config.json"):
+    common.check_paths(config)
+
+
+def _one_line_error(cmd):
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                       env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+  return out.returncode, out.stderr.strip().splitlines()
+
+
+@pytest.mark.parametrize("script", ["train.py", "eval.py"])
+def test_launchers_print_one_line_for_config_typos_and_missing_files(script, tmp_path):
+  """A typo in a --config field, a --config file that does not exist, and (train.py) a
+  tokenizer directory that does not exist: exit status 2 and one line `error: ...` naming the
+  culprit, no traceback, nothing built (no workdir)."""
+  launcher = [sys.executable, os.path.join(ROOT, "launch", script)]
+  demo = f"--config={os.path.join(ROOT, 'configs', 'demo.py')}"
+  workdir = tmp_path / "workdir"
+  extra = ([f"--workdir={workdir}"] if script == "train.py" else
+           [f"--checkpoint={tmp_path}", "--dataset=arithmetic"])
+  cases = [([demo, "--config.train.stpes=3"], r"'stpes' Did you mean \"steps\""),
+           ([f"--config={tmp_path / 'nope.py'}"], r"nope.py"),
+           ([demo, "--config.optim.lr=nan"], r"config.optim.lr=nan")]
+  if script == "train.py":
+    cases.append(([demo, f"--config.tokenizer={tmp_path / 'tok'}"], r"config.tokenizer="))
+  import re
+  for args, culprit in cases:
+    status, lines = _one_line_error(launcher + args + extra)
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert status == 2 and len(errors) == 1 and re.search(culprit, errors[0]), (args, lines)
+    assert not any("Traceback" in line for line in lines), lines
+  assert not workdir.exists()
+
+
+def test_launcher_reports_bad_config_and_typos():
+  """launch/train.py exits non-zero naming the bad field, before building anything."""
+  cmd = [sys.executable, os.path.join(ROOT, "launch", "train.py"),
+         f"--config={os.path.join(ROOT, 'configs', 'demo.py')}", "--workdir=/tmp/unused"]
+  bad = subprocess.run(cmd + ["--config.rl.loss_agg_mode=mean"], capture_output=True,
+                       text=True, timeout=120)
+  assert bad.returncode == 2 and "config.rl.loss_agg_mode='mean'" in bad.stderr
+  typo = subprocess.run(cmd + ["--config.rl.clip_hihg=0.3"], capture_output=True, text=True,
+                        timeout=120)
+  assert typo.returncode != 0 and "clip_hihg" in typo.stderr
+
+
+def test_indexer_loss_needs_an_indexer():
+  """config.rl.indexer_coef on a model without DSA is refused before anything is built."""
+  c = common.base_config(preset="tiny_dense", algorithm="dapo")
+  c.rl.overlong_buffer = 0
+  common.validate(c)
+  c.rl.indexer_coef = 0.1
+  with pytest.raises(ValueError, match=r"config.rl.indexer_coef=0.1: the model has no DSA"):
+    common.validate(c)
+
+
+def test_mesh_allows_one_open_axis():
+  """At most one mesh axis may take the devices left over (-1)."""
+  config = load(os.path.join(ROOT, "configs", "demo.py"))
+  config.mesh.shape.fsdp = -1
+  with pytest.raises(ValueError, match=r"config.mesh.shape=.*at most one axis may be -1"):
+    common.validate(config)
+
+
+def test_init_hf_dir_shapes_must_match_the_model(tmp_path):
+  """A present config.init_hf_dir whose config.json describes other shapes than config.model
+  fails validation naming the field; a matching one (dtypes and context length free) passes."""
+  import json
+  from models import hf
+  config = common.base_config(preset="qwen2.5-1.5b", algorithm="grpo", param_dtype="float32")
+  config.init_hf_dir = str(tmp_path)
+  hf_config = hf.config_to_hf(common.model_config(config).replace(param_dtype="bfloat16",
+                                                                  max_seq_len=4096))
+  (tmp_path / "config.json").write_text(json.dumps(hf_config))
+  common.validate(config)
+  (tmp_path / "config.json").write_text(json.dumps(dict(hf_config, num_hidden_layers=30)))
+  with pytest.raises(ValueError, match=r"config.model.n_layers=28 but .*config.json "
+                                       r"\(config.init_hf_dir\) gives 30"):
+    common.validate(config)
+
+
+def test_init_hf_dir_starts_the_policy_from_the_checkpoint(tmp_path):
+  """config.init_hf_dir loads the HF checkpoint (same logits as the saved model), not a random
+  init; settings a one-device job (O1-Coder self-play) would ignore are refused, naming the
+  field."""
+  import jax
+  import numpy as np
+
+  from models import hf
+  from models.transformer import build
+  saved = build("tiny_dense", seed=3, dtype="float32", param_dtype="float32")
+  hf.save_pretrained(saved, str(tmp_path))
+  config = common.base_config(preset="tiny_dense", algorithm="grpo", dtype="float32",
+                              param_dtype="float32")
+  config.init_hf_dir = str(tmp_path)
+  common.validate(config)
+  tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 264)
+  np.testing.assert_allclose(common.build_policy(config)(tokens), saved(tokens), atol=1e-5)
+  # the fields a config chooses freely reach the loaded model (MoE dispatch was dropped)
+  config.model.update(moe_dispatch="dense", router_bias_rate=0.5, remat="full")
+  config.kernel_backend = "reference"
+  loaded = common.build_policy(config).cfg
+  assert (loaded.moe_dispatch, loaded.router_bias_rate, loaded.remat, loaded.kernel_backend) == (
+      "dense", 0.5, "full", "reference")

@@ -1,0 +1,185 @@
+"""Real-compiler gates: every Pallas kernel through XLA:TPU and Mosaic (ahead of time, for TPU
+topologies, on this CPU host) and through Pallas' Triton lowering for CUDA.
+
+Interpret mode accepts kernels the real compilers refuse (a bf16 per-row gather at an unaligned
+VMEM offset ran on CPU and was rejected by Mosaic), so numerics tests alone prove nothing about
+a TPU or GPU. These tests compile (TPU: libtpu's compiler, VMEM and tiling checks included) or
+lower (GPU: Triton's block-shape rules; not PTX) the kernels at the shapes the models call them
+with: DeepSeek-V3.2 (H=128, latent 512 + rope 64, top-k 2048, 64 x 128 indexer heads) for
+prefill / training and decode, and the tiny demo preset, in bf16 and fp32, forward and
+backward, alone and under a multi-chip mesh (shard_map).
+
+Marker `compile`, run by `.ci/run` after `bash launch/setup.sh --compilers` (libtpu and the
+CUDA plugin; see launch/README.md). Without them these tests skip, except where
+SEEDRL_REQUIRE_COMPILERS=1 (CI): then a missing compiler is a failure.
+"""
+
+import importlib.util
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import kernels
+from models import config as model_config
+from models import sharding
+
+pytestmark = pytest.mark.compile
+
+TOPOLOGIES = ("v5e:2x2", "v5p:2x2x1", "v6e:2x2")
+DTYPES = ("bfloat16", "float32")
+
+
+def _need(module: str, what: str):
+  if importlib.util.find_spec(module) is None:
+    if os.environ.get("SEEDRL_REQUIRE_COMPILERS") == "1":
+      pytest.fail(f"{what} is not installed (bash launch/setup.sh --compilers)")
+    pytest.skip(f"{what} not installed (bash launch/setup.sh --compilers)")
+
+
+def _kernel_shapes(preset: str, *, batch: int, steps: int, length: int) -> dict:
+  """The kernels' operand shapes for one DSA layer of `preset`."""
+  cfg = model_config.get_config(preset)
+  return dict(batch=batch, steps=steps, length=length, heads=cfg.n_heads,
+              d_v=cfg.kv_lora_rank, d_rope=cfg.qk_rope_head_dim, topk=min(cfg.index_topk, length),
+              index_heads=cfg.index_n_heads, index_dim=cfg.index_head_dim,
+              scale=cfg.softmax_scale)
+
+
+SHAPES = {
+    # DeepSeek-V3.2 at real width: a 4K training / prefill row and a batch of decode steps.
+    "v32_prefill": _kernel_shapes("deepseek-v3.2-671b", batch=1, steps=4096, length=4096),
+    "v32_decode": _kernel_shapes("deepseek-v3.2-671b", batch=8, steps=1, length=8192),
+    "tiny_prefill": _kernel_shapes("tiny_moe_mla_dsa", batch=4, steps=24, length=24),
+}
+
+
+def _operands(s: dict, dtype: str, sharding=None) -> dict:
+  def spec(shape, dt):
+    return jax.ShapeDtypeStruct(shape, jnp.dtype(dt), sharding=sharding)
+  b, t, length, dim = s["batch"], s["steps"], s["length"], s["d_v"] + s["d_rope"]
+  return dict(q=spec((b, t, s["heads"], dim), dtype), kv=spec((b, length, dim), dtype),
+              idx=spec((b, t, s["topk"]), "int32"),
+              qi=spec((b, t, s["index_heads"], s["index_dim"]), dtype),
+              ki=spec((b, length, s["index_dim"]), dtype),
+              wi=spec((b, t, s["index_heads"]), "float32"))
+
+
+def _programs(s: dict, backend: str) -> dict:
+  """name -> (function, operand names): the sparse-MLA forward, its backward (d q, d kv; not
+  for decode, which is never differentiated) and the indexer (causal, the queries at the end
+  of the cache)."""
+  def attend(q, kv, idx):
+    return kernels.sparse_mla(q, kv, idx, scale=s["scale"], d_v=s["d_v"], backend=backend)
+
+  def loss(q, kv, idx):
+    out, lse = attend(q, kv, idx)
+    return jnp.sum(out.astype(jnp.float32)) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0))
+
+  def index(qi, ki, wi):
+    return kernels.lightning_indexer(qi, ki, wi, topk=s["topk"],
+                                     q_offset=s["length"] - s["steps"], backend=backend)
+  programs = {"sparse_mla_fwd": (attend, ("q", "kv", "idx")),
+              "indexer": (index, ("qi", "ki", "wi"))}
+  if s["steps"] > 1:
+    programs["sparse_mla_bwd"] = (jax.grad(loss, argnums=(0, 1)), ("q", "kv", "idx"))
+  return programs
+
+
+@pytest.fixture(scope="module")
+def tpu_topologies():
+  _need("libtpu", "libtpu (the XLA:TPU compiler)")
+  from jax.experimental import topologies
+  return {name: topologies.get_topology_desc(platform="tpu", topology_name=name)
+          for name in TOPOLOGIES}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_tpu_kernels_compile(topology, dtype, shape, tpu_topologies):
+  """Mosaic accepts every TPU kernel (forward, backward, indexer) on one chip of each
+  generation; the compiler's own memory analysis comes back."""
+  device = tpu_topologies[topology].devices[0]
+  one_chip = NamedSharding(jax.sharding.Mesh(np.array([device]), ("x",)), P())
+  ops = _operands(SHAPES[shape], dtype, one_chip)
+  for name, (fn, args) in _programs(SHAPES[shape], "tpu").items():
+    compiled = jax.jit(fn).lower(*(ops[a] for a in args)).compile()
+    assert compiled.memory_analysis() is not None, (topology, dtype, shape, name)
+
+
+@pytest.mark.parametrize("shape", ["v32_prefill", "tiny_prefill"])
+def test_tpu_kernels_compile_on_a_sharded_mesh(shape, tpu_topologies):
+  """On a 4-chip v5p mesh (data 2 x tensor 2, rows sharded) the kernels compile: they run per
+  shard inside shard_map, since XLA cannot partition a Mosaic call."""
+  mesh = sharding.make_mesh({"data": 2, "tensor": 2}, tpu_topologies["v5p:2x2x1"].devices)
+  rows = NamedSharding(mesh, P("data"))
+  s = dict(SHAPES[shape], batch=4)
+  ops = _operands(s, "bfloat16", rows)
+  with jax.set_mesh(mesh):
+    for name, (fn, args) in _programs(s, "tpu").items():
+      hlo = jax.jit(fn).lower(*(ops[a] for a in args)).compile().as_text()
+      assert "tpu_custom_call" in hlo, (shape, name)
+
+
+@pytest.mark.parametrize("shape", ["v32_prefill", "v32_decode"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_kernels_lower_to_triton(dtype, shape):
+  """Pallas' Triton lowering for CUDA takes the GPU kernels (power-of-two tiles, block rules):
+  lowering, not PTX compilation. Shapes the tiles cannot take are refused by the dispatcher
+  (and "auto" takes the reference for them; test_kernels.py::test_dispatch)."""
+  _need("jax_plugins.xla_cuda12", "jax-cuda12-plugin (CUDA lowering)")
+  s = SHAPES[shape]
+  ops = _operands(s, dtype)
+  for name, (fn, args) in _programs(s, "gpu").items():
+    text = jax.jit(fn).trace(*(ops[a] for a in args)).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert "triton" in text, (dtype, shape, name)
+
+
+def test_dry_run_compiles_the_rl_update_for_a_tpu_slice(tpu_topologies):
+  """`train.py --dry_run --topology=v5p:2x2x1`: the demo's policy update (tiny MoE + MLA + DSA,
+  DAPO) compiled by XLA:TPU for a 4-chip slice with the config's mesh and the Mosaic kernels,
+  its per-chip memory from the compiler beside the analytic estimate."""
+  import ml_collections
+  from configs import demo
+  from launch import dry_run
+  c = ml_collections.ConfigDict(demo.get_config().to_dict())
+  c.train.prompts_per_step, c.train.samples_per_prompt = 4, 2
+  c.mesh.shape = {"data": 4}
+  r = dry_run.report(c, compile_step=True, prompt_len=16,
+                     devices=list(tpu_topologies["v5p:2x2x1"].devices))
+  assert r["platform"] == "tpu" and r["devices"] == 4
+  assert r["compiled"]["peak"] > 0 and r["compiled"]["flops"] > 0
+  assert r["compiled_rollout"]["peak"] > 0  # the rollout engine compiled for the slice too
+  text = dry_run.format_report(r)
+  assert any(line.startswith("compiled") and "XLA:tpu" in line for line in text)
+  assert any(line.startswith("rollout") and "TPU v5p holds 95.00 GiB" in line for line in text)
+  assert any("roofline" in line and "compiled, not run" in line for line in text)
+
+
+def test_planner_defers_to_the_compiler_on_a_tpu_slice(tpu_topologies):
+  """`launch/plan.py --topology=v5p:2x2x1`: the planner's best plans for the demo compiled for
+  the slice, each with the compiler's update and rollout peaks and the planner/compiler ratio;
+  the ones the compiler says fit come first."""
+  import ml_collections
+  from configs import common, demo
+  from launch import dry_run
+  from models import planner
+  from rl.parallel import placement
+  c = ml_collections.ConfigDict(demo.get_config().to_dict())
+  c.train.prompts_per_step, c.train.samples_per_prompt = 4, 2
+  devices = list(tpu_topologies["v5p:2x2x1"].devices)
+  device = planner.spec_of(devices[0])
+  assert device.name == "TPU v5p"
+  plans = planner.plan(common.model_config(c), placement.workload(c), len(devices), device,
+                       remats=("none",))
+  rows = dry_run.verify_plans(c, plans, devices, top=2)
+  assert [row["rank"] for row in rows if row["fits"]] == sorted(
+      row["rank"] for row in rows if row["fits"])
+  for row in rows:
+    assert row["update"] > 0 and row["rollout"] > 0 and row["ratio_update"] > 0
+  assert len(dry_run.format_verified(rows, device.hbm_bytes)) == 3

@@ -1,0 +1,349 @@
+"""Tests of benchmark evaluation (rl/jobs/evaluation.py, launch/eval.py): the unbiased pass@k
+estimator against hand-computed values and exact binomials, majority voting, answer and code
+extraction and grading, dataset loading errors, restoring our SFT / RL orbax checkpoints, and
+end-to-end runs of the launcher on a tiny random HF checkpoint (GSM8K, HumanEval in the sandbox)
+and on an RL checkpoint of the demo config."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from models.padding import round_up
+from rl.jobs import evaluation
+from rl.rewards import sandbox
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+HAS_DATA = os.path.isdir(evaluation.DEFAULT_DATA_DIR)
+needs_data = pytest.mark.skipif(not HAS_DATA,
+                                reason=f"{evaluation.DEFAULT_DATA_DIR} (eval data) is missing")
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+          "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+          "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+# ======================================================================== pass@k and maj@k
+
+@pytest.mark.parametrize("n, c, k, expected", [
+    (5, 2, 1, 0.4),  # c / n
+    (5, 2, 2, 1 - 3 / 10),  # 1 - C(3,2)/C(5,2)
+    (5, 2, 3, 1 - 1 / 10),  # 1 - C(3,3)/C(5,3)
+    (5, 2, 4, 1.0),  # n - c < k: every draw of 4 holds a correct sample
+    (5, 0, 3, 0.0),
+    (5, 5, 1, 1.0),
+    (1, 1, 1, 1.0),
+    (1, 0, 1, 0.0),
+    (10, 3, 5, 1 - 21 / 252),  # 1 - C(7,5)/C(10,5)
+])
+def test_pass_at_k_hand_computed(n, c, k, expected):
+  """pass@k equals 1 - C(n-c, k)/C(n, k) worked out by hand, including the edge cases."""
+  assert evaluation.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_matches_exact_binomials_and_is_stable():
+  """The product form equals exact integer binomials for all small (n, c, k), grows with k and
+  c, and stays finite where C(n, k) overflows a float (n = 2000)."""
+  for n in range(1, 13):
+    for c in range(n + 1):
+      values = [evaluation.pass_at_k(n, c, k) for k in range(1, n + 1)]
+      for k, value in zip(range(1, n + 1), values):
+        assert value == pytest.approx(1 - math.comb(n - c, k) / math.comb(n, k), abs=1e-12)
+      assert all(a <= b + 1e-12 for a, b in zip(values, values[1:]))
+  assert math.comb(2000, 1000) > 1e308  # the naive ratio of floats would be inf / inf
+  value = evaluation.pass_at_k(2000, 3, 1000)
+  assert value == pytest.approx(1 - math.comb(1997, 1000) / math.comb(2000, 1000), rel=1e-12)
+  assert evaluation.pass_at_k(2000, 1, 1) == pytest.approx(1 / 2000)
+
+
+def test_pass_at_k_rejects_bad_counts():
+  """c outside [0, n] and k outside [1, n] are errors, not silently clipped."""
+  for n, c, k in [(5, 6, 1), (5, -1, 1), (5, 2, 0), (5, 2, 6)]:
+    with pytest.raises(ValueError):
+      evaluation.pass_at_k(n, c, k)
+
+
+def test_majority_vote():
+  """The most frequent answer decides; None does not vote; a tie goes to the first seen; no
+  answers at all score 0."""
+  majority = evaluation.majority_correct
+  assert majority(["4", "5", "4", None, None, None], [1, 0, 1, 0, 0, 0]) == 1.0
+  assert majority(["5", "4", "5", "4", "4"], [0, 1, 0, 1, 1]) == 1.0
+  assert majority(["5", "5", "4"], [0, 0, 1]) == 0.0
+  assert majority(["7", "4", "4", "7"], [0, 1, 1, 0]) == 0.0  # tie: "7" came first
+  assert majority([None, None], [0, 0]) == 0.0
+  with pytest.raises(ValueError):
+    majority(["1"], [1, 0])
+
+
+def test_summarize_on_constructed_grades():
+  """Dataset metrics: pass@k averaged over problems, avg@n over samples, maj@n over problems,
+  maj@n omitted for code (answers=None)."""
+  correct = np.array([[1, 0, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]], float)
+  answers = [["3", "2", "2", "2"], ["9", "9", "9", "8"], [None, "1", "1", "2"]]
+  lengths = np.array([[10, 20, 30, 40]] * 3)
+  truncated = np.zeros((3, 4), bool)
+  truncated[0, 0] = True
+  m = evaluation.summarize(correct, lengths, truncated, answers)
+  assert sorted(m) == sorted(["pass@1", "pass@2", "pass@4", "avg@4", "maj@4",
+                              "response_len_mean", "truncated_fraction"])
+  assert m["pass@1"] == pytest.approx((0.25 + 0.75 + 0) / 3)
+  assert m["pass@2"] == pytest.approx((0.5 + 1.0 + 0) / 3)  # 1 - C(3,2)/C(4,2) = 0.5
+  assert m["pass@4"] == pytest.approx(2 / 3)
+  assert m["avg@4"] == pytest.approx(4 / 12)
+  assert m["maj@4"] == pytest.approx(1 / 3)  # only problem 2's majority ("9") is right
+  assert m["response_len_mean"] == 25.0 and m["truncated_fraction"] == pytest.approx(1 / 12)
+  assert "maj@4" not in evaluation.summarize(correct, lengths, truncated, None)
+  assert evaluation.k_values(8) == [1, 2, 4, 8] and evaluation.k_values(6) == [1, 2, 4, 6]
+
+
+# ======================================================================== Extraction, data
+
+def test_vote_keys_grades_and_code_extraction():
+  """Math votes go to normalised boxed answers (so 1,000 and 1000 agree) and grade against the
+  gold; a puzzle's gold answer grades right; a plain HumanEval completion stops where the
+  function body ends; chat responses give their code block."""
+  gsm = evaluation.Problem(id="g", kind="math", question="q", gold="1000")
+  assert evaluation.vote_key(gsm, "so \\boxed{1,000}.") == evaluation.vote_key(gsm, "is 1000")
+  assert evaluation.vote_key(gsm, "no digits here") is None
+  assert evaluation.grade([gsm, gsm], ["so \\boxed{1,000}.", "\\boxed{999}"],
+                          template="plain") == [1.0, 0.0]
+  puzzle = evaluation.load_problems("arithmetic", puzzle_size=3, limit=1)[0]
+  assert evaluation.grade([puzzle] * 2, [f"Answer: {puzzle.gold_answer}", "Answer: x"],
+                          template="plain") == [1.0, 0.0]
+  code = evaluation.Problem(id="h", kind="code", question="def f():\n", gold=None)
+  assert evaluation.vote_key(code, "return 1") is None
+  completion = "  return 1\n\ndef helper():\n  pass\nprint(f())"
+  assert evaluation.extract_code(completion, "plain") == "  return 1\n"
+  chat = "Sure:\n```python\ndef f():\n  return 2\n```\nDone."
+  assert evaluation.extract_code(chat, "chat") == "\ndef f():\n  return 2\n"
+
+
+@needs_data
+def test_dataset_fields_and_golds():
+  """Every math set loads with its question and a gold answer; GSM8K's gold is the number after
+  '####', AMC's float 27.0 becomes '27', AIME's zero padding is kept for the verifier."""
+  sizes = {"gsm8k": 1319, "math500": 500, "aime24": 30, "aime25": 30, "amc23": 40}
+  for name, size in sizes.items():
+    problems = evaluation.load_problems(name)
+    assert len(problems) == size and all(p.question and p.gold for p in problems)
+  assert evaluation.load_problems("gsm8k", limit=1)[0].gold == "18"
+  assert evaluation.load_problems("amc23", limit=1)[0].gold == "27"
+  assert len(evaluation.load_problems("humaneval", limit=10)) == 10
+  puzzles = evaluation.load_problems("arithmetic", puzzle_size=20, limit=5)
+  assert len(puzzles) == 5 and puzzles[0].kind == "puzzle"
+
+
+def test_unknown_dataset_and_missing_data_dir(tmp_path):
+  """An unknown name lists the known ones; a missing file names its path."""
+  with pytest.raises(ValueError, match="unknown dataset 'gsm9k'.*gsm8k.*humaneval.*arithmetic"):
+    evaluation.load_problems("gsm9k")
+  with pytest.raises(FileNotFoundError, match=str(tmp_path / "gsm8k_test.jsonl")):
+    evaluation.load_problems("gsm8k", data_dir=str(tmp_path))
+
+
+# ======================================================================== End to end
+
+def _run_eval(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  return subprocess.run([sys.executable, os.path.join(REPO, "launch", "eval.py"), *args],
+                        capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+  """A tiny random qwen2 checkpoint with a byte-level BPE tokenizer trained on a few lines."""
+  from models import hf
+  from models.transformer import build
+  root = tmp_path_factory.mktemp("tiny_qwen2")
+  tokenizer = tokenizers.Tokenizer(models.BPE())
+  tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tokenizer.decoder = decoders.ByteLevel()
+  texts = ["Janet's ducks lay 16 eggs per day. How much in dollars does she make?",
+           "def add(a, b):\n    return a + b\n", "Please reason step by step."] * 20
+  tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
+      vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+  tokenizer.save(str(root / "tokenizer.json"))
+  (root / "tokenizer_config.json").write_text(json.dumps({
+      "eos_token": "<|endoftext|>", "chat_template": CHATML}))
+  vocab = round_up(tokenizer.get_vocab_size(), 8)
+  model = build("tiny_dense", seed=0, vocab_size=vocab, max_seq_len=1024)
+  hf.save_pretrained(model, str(root / "model"), dtype="float32", tokenizer_dir=str(root))
+  return str(root / "model")
+
+
+@pytest.fixture(scope="module")
+def hf_run(hf_dir, tmp_path_factory):
+  """One launcher run: GSM8K's first 50 problems and (with bubblewrap) HumanEval's first 10,
+  2 samples each, 16 new tokens."""
+  if not HAS_DATA:
+    pytest.skip(f"{evaluation.DEFAULT_DATA_DIR} (eval data) is missing")
+  datasets = "gsm8k:50,humaneval:10" if sandbox.bwrap_path() else "gsm8k:50"
+  out_dir = str(tmp_path_factory.mktemp("eval_out"))
+  proc = _run_eval(f"--hf_dir={hf_dir}", f"--dataset={datasets}", "--k=2",
+                   "--max_new_tokens=16", "--temperature=1.0", "--top_p=1.0", "--dtype=float32",
+                   "--batch_size=25", f"--out_dir={out_dir}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(os.path.join(out_dir, "results.json")) as f:
+    results = json.load(f)
+  with open(os.path.join(out_dir, "samples.jsonl")) as f:
+    samples = [json.loads(line) for line in f]
+  with open(os.path.join(out_dir, "results.md")) as f:
+    table = f.read()
+  return results, samples, table, proc
+
+
+def test_gsm8k_end_to_end(hf_run):
+  """50 GSM8K problems x 2 samples: metrics with the expected keys and ranges, 100 graded
+  samples of at most 16 tokens, the table written and printed, progress lines logged."""
+  results, samples, table, proc = hf_run
+  gsm = results["datasets"]["gsm8k"]
+  assert gsm["num_problems"] == 50 and gsm["limit"] == 50
+  assert sorted(gsm["metrics"]) == sorted(["pass@1", "pass@2", "avg@2", "maj@2",
+                                           "response_len_mean", "truncated_fraction"])
+  assert all(0.0 <= gsm["metrics"][k] <= 1.0 for k in ("pass@1", "pass@2", "avg@2", "maj@2"))
+  assert gsm["metrics"]["pass@1"] == pytest.approx(gsm["metrics"]["avg@2"])
+  assert 1 <= gsm["metrics"]["response_len_mean"] <= 16
+  rows = [s for s in samples if s["dataset"] == "gsm8k"]
+  assert len(rows) == 100 and len({s["id"] for s in rows}) == 50
+  assert all(s["length"] <= 16 and s["correct"] in (0.0, 1.0) for s in rows)
+  assert rows[0]["gold"] == "18" and [r["sample"] for r in rows[:2]] == [0, 1]
+  assert np.mean([s["correct"] for s in rows]) == pytest.approx(gsm["metrics"]["avg@2"])
+  assert results["settings"]["k"] == 2 and results["settings"]["max_new_tokens"] == 16
+  assert "| dataset | problems | pass@1 | pass@2 | avg@2 | maj@2 |" in table
+  assert "| gsm8k | 50 |" in table and "| gsm8k | 50 |" in proc.stdout
+  assert "[gsm8k] 25/50 problems" in proc.stderr and "[gsm8k] 50/50 problems" in proc.stderr
+
+
+@pytest.mark.skipif(sandbox.bwrap_path() is None, reason="bubblewrap (bwrap) is not installed")
+def test_humaneval_end_to_end(hf_run):
+  """10 HumanEval problems x 2 samples graded in the sandbox: pass@k and avg@k but no maj@k,
+  "-" in the table's maj column, 20 samples with HumanEval task ids."""
+  results, samples, table, _ = hf_run
+  human = results["datasets"]["humaneval"]
+  assert human["num_problems"] == 10
+  assert sorted(human["metrics"]) == sorted(["pass@1", "pass@2", "avg@2",
+                                             "response_len_mean", "truncated_fraction"])
+  rows = [s for s in samples if s["dataset"] == "humaneval"]
+  assert len(rows) == 20
+  assert [r["id"] for r in rows[::2]] == [f"HumanEval/{i}" for i in range(10)]
+  assert all(r["answer"] is None and r["correct"] in (0.0, 1.0) for r in rows)
+  humaneval_row = next(line for line in table.splitlines() if line.startswith("| humaneval |"))
+  assert humaneval_row.split("|")[6].strip() == "-"
+
+
+def test_cli_reports_bad_paths_and_names(hf_dir, tmp_path):
+  """A missing --hf_dir, an unknown dataset and a missing --data_dir each exit with status 2
+  and a one-line message naming the culprit."""
+  proc = _run_eval(f"--hf_dir={tmp_path / 'nope'}", "--dataset=gsm8k")
+  assert proc.returncode == 2 and f"--hf_dir={tmp_path / 'nope'}: no config.json" in proc.stderr
+  proc = _run_eval(f"--hf_dir={hf_dir}", "--dataset=gsm8k,gsm9k", f"--data_dir={tmp_path}")
+  assert proc.returncode == 2 and "unknown dataset 'gsm9k'" in proc.stderr
+  proc = _run_eval(f"--hf_dir={hf_dir}", "--dataset=aime24", f"--data_dir={tmp_path / 'x'}")
+  assert proc.returncode == 2 and f"--data_dir={tmp_path / 'x'} does not exist" in proc.stderr
+
+
+# ======================================================================== Our checkpoints
+
+@pytest.fixture(scope="module")
+def orbax_checkpoints(tmp_path_factory):
+  """An SFT-style {"params"} and an RL-style {"policy": TrainState, "rest"} checkpoint of the
+  demo config's model, holding random values unlike any initialisation."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from configs import common, demo
+  from models.transformer import Transformer
+  from rl.core import train_step
+  from rl.jobs.checkpoint import Checkpointer
+  config = demo.get_config()
+  root = tmp_path_factory.mktemp("orbax")
+  abstract = nnx.eval_shape(lambda: Transformer(common.model_config(config),
+                                                 rngs=nnx.Rngs(params=config.seed)))
+  graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
+  rng = np.random.default_rng(7)
+  params, rest = jax.tree.map(
+      lambda x: jnp.asarray(rng.standard_normal(x.shape) * 0.05, x.dtype), (params, rest))
+  sft = Checkpointer(str(root / "sft" / "checkpoints"))
+  sft.save(4, {"params": params}, {"step": 4}, force=True)  # as SFT wrote them before biases
+  sft.save(9, {"params": params, "rest": rest}, {"step": 9}, force=True)
+  sft.close()
+  optimizer = train_step.make_optimizer(lr=1e-3, warmup_steps=1, weight_decay=0.0,
+                                        grad_clip=1.0)
+  rl = Checkpointer(str(root / "rl"))
+  rl.save(3, {"policy": train_step.init_state(params, optimizer), "rest": rest}, {"step": 3},
+          force=True)
+  rl.close()
+  return config, root, _leaves(nnx.merge(graphdef, params, rest))
+
+
+def _leaves(model) -> tuple[list[np.ndarray], list[np.ndarray]]:
+  """The model's parameter values and its other variables' values."""
+  import jax
+  from flax import nnx
+  _, params, rest = nnx.split(model, nnx.Param, ...)
+  return ([np.asarray(x) for x in jax.tree.leaves(params)],
+          [np.asarray(x) for x in jax.tree.leaves(rest)])
+
+
+def test_load_policy_checkpoint_sft_and_rl(orbax_checkpoints):
+  """Both checkpoint kinds restore exactly the saved parameters (not the config's fresh init)
+  and their rest (router biases; an older SFT state without them keeps the initial zeros): the
+  latest step by default, a
+  named step, a workdir holding checkpoints/; a missing step is an error listing the steps, a
+  missing or empty directory an error naming it."""
+  config, root, (saved_params, saved_rest) = orbax_checkpoints
+  for directory, step, expected_step in [(root / "sft", None, 9), (root / "sft", 4, 4),
+                                         (root / "rl", None, 3)]:
+    model, got_step = evaluation.load_policy_checkpoint(config, str(directory), step)
+    assert got_step == expected_step
+    params, rest = _leaves(model)
+    assert len(params) == len(saved_params) > 10 and len(rest) == len(saved_rest) > 0
+    for got, want in zip(params, saved_params):
+      np.testing.assert_array_equal(got, want)
+    for got, want in zip(rest, saved_rest):
+      np.testing.assert_array_equal(got, 0 * want if step == 4 else want)
+  with pytest.raises(FileNotFoundError, match=r"no checkpoint at step 5 \(steps: \[4, 9\]\)"):
+    evaluation.load_policy_checkpoint(config, str(root / "sft"), 5)
+  with pytest.raises(FileNotFoundError, match="no such directory"):
+    evaluation.load_policy_checkpoint(config, str(root / "nope"))
+  (root / "empty").mkdir()
+  with pytest.raises(FileNotFoundError, match="empty holds no checkpoint$"):
+    evaluation.load_policy_checkpoint(config, str(root / "empty"))
+
+
+def test_orbax_checkpoint_end_to_end(orbax_checkpoints, tmp_path):
+  """The launcher on an RL checkpoint with the demo config: the trainer's held-out addition
+  problems (first 8, k=2), maj@2 reported, the step recorded."""
+  _, root, _ = orbax_checkpoints
+  proc = _run_eval("--config=configs/demo.py", f"--checkpoint={root / 'rl'}",
+                   "--dataset=addition:8", "--k=2", "--max_new_tokens=8",
+                   f"--out_dir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(tmp_path / "results.json") as f:
+    results = json.load(f)
+  assert results["model"]["step"] == 3 and results["settings"]["template"] == "plain"
+  addition = results["datasets"]["addition"]
+  assert addition["num_problems"] == 8 and "maj@2" in addition["metrics"]
+  with open(tmp_path / "samples.jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  assert len(rows) == 16 and all(r["length"] <= 8 for r in rows)
+  assert rows[0]["gold"] is not None
+
+
+@pytest.mark.skipif(sandbox.bwrap_path() is None, reason="bubblewrap (bwrap) is not installed")
+def test_humaneval_canonical_solutions_pass():
+  """The HumanEval grading path (prompt + extracted completion + check, in the sandbox) passes
+  the canonical solutions and fails a wrong one: a 0 score of a random model means something."""
+  problems = evaluation.load_problems("humaneval", limit=3)
+  records = evaluation.humaneval_records()[:3]
+  right = [r["canonical_solution"] + "\ndef unrelated():\n  pass\n" for r in records]
+  assert evaluation.grade(problems, right, template="plain") == [1.0, 1.0, 1.0]
+  assert evaluation.grade(problems[:1], ["    return None\n"], template="plain") == [0.0]

@@ -1,0 +1,141 @@
+"""Sampling distribution tests: draw frequencies (chi-square), top-p / top-k kept sets, the
+sampler/trainer log-prob identity and the packed keep-sampling-mask."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from rl.rollout import sampling
+
+LOGITS = jnp.array([2.0, 1.5, 1.0, 0.3, 0.0, -0.5, -1.0, -3.0])
+DRAWS = 40_000
+
+
+def draw(logits, **kwargs):
+  keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(7), jnp.arange(DRAWS))
+  tokens, token_logp, kept = jax.jit(lambda k, l: sampling.sample(k, l, **kwargs))(
+      keys, jnp.broadcast_to(logits, (DRAWS, logits.shape[-1])))
+  return np.asarray(tokens), np.asarray(token_logp), np.asarray(kept[0])
+
+
+def chi_square_pvalue(tokens, probs):
+  """p-value of observed counts against expected probabilities (zero-probability ids must
+  never occur; they are dropped from the test's cells)."""
+  counts = np.bincount(tokens, minlength=len(probs))
+  probs = np.asarray(probs, np.float64)
+  support = probs > 0
+  assert counts[~support].sum() == 0
+  expected = probs[support] / probs[support].sum() * len(tokens)
+  return stats.chisquare(counts[support], expected).pvalue
+
+
+def test_frequencies_match_tempered_softmax():
+  """Plain sampling at T=0.7 on an 8-token vocabulary: frequencies pass a chi-square test
+  against softmax(logits / T), and the reported log-probs are exactly log_softmax(logits / T)."""
+  tokens, token_logp, kept = draw(LOGITS, temperature=0.7)
+  probs = np.asarray(jax.nn.softmax(LOGITS / 0.7))
+  assert chi_square_pvalue(tokens, probs) > 1e-3
+  assert kept.all()
+  expected = np.asarray(jax.nn.log_softmax(LOGITS / 0.7))[tokens]
+  np.testing.assert_allclose(token_logp, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("top_p,top_k", [(0.7, 0), (1.0, 3), (0.8, 5)])
+def test_top_p_top_k_stay_in_kept_set(top_p, top_k):
+  """Top-p / top-k never emit a token outside the kept set, and inside it the frequencies match
+  the renormalised tempered distribution (chi-square)."""
+  tokens, token_logp, kept = draw(LOGITS, temperature=1.3, top_p=top_p, top_k=top_k)
+  assert kept[tokens].all()
+  probs = np.where(kept, np.exp(np.asarray(LOGITS) / 1.3), 0.0)
+  probs /= probs.sum()
+  assert chi_square_pvalue(tokens, probs) > 1e-3
+  np.testing.assert_allclose(token_logp, np.log(probs[tokens]), atol=1e-5)
+
+
+def test_kept_set_hand_computed():
+  """Kept sets of a hand-made distribution: top-p keeps the smallest prefix reaching p (at least
+  one id), top-k exactly k ids (ties broken by id), top-p applies after top-k renormalisation,
+  vocab_limit removes the tail ids."""
+  logits = jnp.log(jnp.array([0.05, 0.5, 0.3, 0.15]))
+  kept = lambda **kw: np.asarray(sampling.kept_set(logits, **kw)).tolist()  # noqa: E731
+  assert kept(top_p=0.8) == [False, True, True, False]
+  assert kept(top_p=0.81) == [False, True, True, True]
+  assert kept(top_p=0.01) == [False, True, False, False]
+  assert kept(top_k=2) == [False, True, True, False]
+  # top-k=2 renormalises to (0.625, 0.375): top-p=0.6 then keeps only the first.
+  assert kept(top_k=2, top_p=0.6) == [False, True, False, False]
+  assert kept(vocab_limit=2) == [True, True, False, False]
+  assert kept(vocab_limit=2, top_k=1) == [False, True, False, False]
+  ties = jnp.zeros(5)
+  assert np.asarray(sampling.kept_set(ties, top_k=2)).tolist() == [True, True, False, False, False]
+
+
+def test_trainer_logprobs_equal_sampler_logprobs():
+  """`masked_logprobs` with the recorded kept mask equals `sampling_logprobs` on the kept set;
+  without a mask it is log_softmax(logits / T); an empty mask row gives zeros, not NaNs."""
+  logits = jax.random.normal(jax.random.key(0), (4, 6, 50)) * 3
+  logp, kept = sampling.sampling_logprobs(logits, temperature=0.6, top_p=0.85, top_k=20,
+                                          vocab_limit=45)
+  recomputed = sampling.masked_logprobs(logits, temperature=0.6, kept_mask=kept)
+  np.testing.assert_array_equal(np.isneginf(logp), ~np.asarray(kept))
+  np.testing.assert_allclose(np.where(kept, recomputed, 0), np.where(kept, logp, 0), atol=1e-6)
+  full, everything = sampling.sampling_logprobs(logits, temperature=0.6)
+  assert bool(everything.all())
+  np.testing.assert_allclose(full, jax.nn.log_softmax(logits / 0.6), atol=1e-6)
+  np.testing.assert_allclose(sampling.masked_logprobs(logits, temperature=0.6), full, atol=1e-6)
+  empty = sampling.masked_logprobs(logits, temperature=1.0, kept_mask=jnp.zeros((50,), bool))
+  assert np.all(np.asarray(empty) == 0.0)
+
+
+def test_next_token_logprobs_shift_and_gather():
+  """Position t - 1 predicts token t: the log-prob of each next token, read from log_softmax of
+  the fp32 logits (bf16 logits give exactly the fp32 numbers of their values), or from the
+  tempered, masked distribution when a temperature and kept mask are given."""
+  logits = jax.random.normal(jax.random.key(1), (2, 5, 11)).astype(jnp.bfloat16) * 3
+  tokens = jax.random.randint(jax.random.key(2), (2, 5), 0, 11)
+  full = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)))
+  expected = np.array([[full[b, t - 1, tokens[b, t]] for t in range(1, 5)] for b in range(2)])
+  got = sampling.next_token_logprobs(logits, tokens)
+  assert got.dtype == jnp.float32 and got.shape == (2, 4)
+  np.testing.assert_array_equal(got, expected)
+  kept = jnp.ones((2, 4, 11), bool).at[..., 0].set(False)
+  tempered = sampling.masked_logprobs(logits[:, :-1], temperature=0.7, kept_mask=kept)
+  np.testing.assert_array_equal(
+      sampling.next_token_logprobs(logits, tokens, temperature=0.7, kept_mask=kept),
+      sampling.token_logprobs(tempered, tokens[:, 1:]))
+
+
+def test_greedy_and_vocab_limit():
+  """Greedy takes the argmax among ids below vocab_limit and reports that token's tempered
+  log-prob; sampling with vocab_limit never draws a removed id."""
+  logits = jnp.array([[0.0, 1.0, 5.0, 9.0], [3.0, 1.0, 0.0, -1.0]])
+  keys = jax.random.split(jax.random.key(0), 2)
+  tokens, token_logp, _ = sampling.sample(keys, logits, temperature=0.0, greedy=True,
+                                          vocab_limit=3)
+  assert np.asarray(tokens).tolist() == [2, 0]
+  expected = jax.nn.log_softmax(logits[:, :3])[jnp.arange(2), tokens]
+  np.testing.assert_allclose(token_logp, expected, atol=1e-6)
+  drawn, _, _ = draw(jnp.array([0.0, 0.0, 0.0, 4.0]), temperature=1.0, vocab_limit=3)
+  assert drawn.max() < 3
+
+
+def test_packed_mask_round_trip():
+  """pack/unpack of the kept mask is lossless for a vocabulary that is not a multiple of 8, and
+  costs ceil(V/8) bytes per token; the all-kept filler unpacks to all True."""
+  mask = jax.random.bernoulli(jax.random.key(3), 0.3, (3, 5, 13))
+  packed = sampling.pack_sample_mask(mask)
+  assert packed.dtype == jnp.uint8 and packed.shape == (3, 5, 2)
+  np.testing.assert_array_equal(sampling.unpack_sample_mask(packed, 13), mask)
+  assert bool(sampling.unpack_sample_mask(sampling.full_sample_mask((2,), 13), 13).all())
+
+
+def test_bad_arguments_name_the_value():
+  """Temperature, top-p and top-k outside their ranges raise with the bad value named."""
+  with pytest.raises(ValueError, match="temperature=0"):
+    sampling.sampling_logprobs(LOGITS, temperature=0)
+  with pytest.raises(ValueError, match="top_p=1.5"):
+    sampling.sampling_logprobs(LOGITS, temperature=1.0, top_p=1.5)
+  with pytest.raises(ValueError, match="top_k=-1"):
+    sampling.sampling_logprobs(LOGITS, temperature=1.0, top_k=-1)
