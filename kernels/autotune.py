@@ -164,7 +164,7 @@ def tune(kernel: str, arrays: dict[str, Any], static: dict[str, Any],
     for config in candidates:
       try:
         launch = build(config)
-        seconds = float(timer(lambda: launch(*inputs), config))
+        seconds = float(timer(functools.partial(launch, *inputs), config))
       except Exception as e:  # noqa: BLE001 (any lowering/compile/launch error skips it)
         failures.append({"config": config, "error": f"{type(e).__name__}: {str(e)[:500]}"})
         continue

@@ -124,7 +124,7 @@ def tuning_candidates(steps: int, length: int, platform: str) -> list[dict]:
   tiles (64 up to 256, not past the keys) and, on GPU, Triton warps and pipeline stages."""
   block_qs = [b for b in (16, 32, 64, 128) if b <= max(16, pl.next_power_of_2(steps))]
   block_ls = [b for b in (64, 128, 256) if b <= max(64, pl.next_power_of_2(length))]
-  tiles = [dict(block_q=q, block_l=l) for q in block_qs for l in block_ls]
+  tiles = [dict(block_q=q, block_l=bl) for q in block_qs for bl in block_ls]
   if platform == "tpu":
     return tiles
   return [dict(tile, num_warps=w, num_stages=s) for tile in tiles for w in (4, 8)

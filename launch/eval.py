@@ -243,7 +243,9 @@ def run() -> dict:
         logging.warning("%s: prompts of up to %d tokens + %d new exceed the model's "
                         "max_seq_len %d", name, longest, max_new, model.cfg.max_seq_len)
 
-      def progress(done, samples, name=name, total=len(items)):
+      total = len(items)
+
+      def progress(done, samples, name=name, total=total):
         rate = samples.generated_tokens / max(samples.wall_s, 1e-9)
         eta = samples.wall_s / done * (total - done)
         logging.info("[%s] %d/%d problems, avg@%d %.3f, %.0f tok/s, %.0f s, ETA %.0f s", name,

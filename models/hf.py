@@ -251,13 +251,13 @@ def param_mapping(cfg: ModelConfig) -> dict[tuple, tuple[list[str], Callable, Ca
              (h, cfg.qk_nope_head_dim + cfg.v_head_dim))
       out_proj(A + ("wo", "kernel"), f"{ha}.o_proj.weight", h, cfg.v_head_dim)
       if cfg.dsa:
-        I, hi = A + ("indexer",), f"{ha}.indexer"
-        linear(I + ("wq_b", "kernel"), f"{hi}.wq_b.weight",
+        ix, hi = A + ("indexer",), f"{ha}.indexer"
+        linear(ix + ("wq_b", "kernel"), f"{hi}.wq_b.weight",
                (cfg.index_n_heads, cfg.index_head_dim))
-        linear(I + ("wk", "kernel"), f"{hi}.wk.weight")
-        copy(I + ("k_norm", "scale"), f"{hi}.k_norm.weight")
-        copy(I + ("k_norm", "bias"), f"{hi}.k_norm.bias")
-        linear(I + ("weights_proj", "kernel"), f"{hi}.weights_proj.weight")
+        linear(ix + ("wk", "kernel"), f"{hi}.wk.weight")
+        copy(ix + ("k_norm", "scale"), f"{hi}.k_norm.weight")
+        copy(ix + ("k_norm", "bias"), f"{hi}.k_norm.bias")
+        linear(ix + ("weights_proj", "kernel"), f"{hi}.weights_proj.weight")
     M, hm = L + ("mlp",), f"{hp}.mlp"
     if not cfg.is_moe_layer(i):
       mlp(M, hm)

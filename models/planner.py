@@ -172,7 +172,7 @@ class _Model:
     opt_state = jax.eval_shape(optimizer.init, params)
     self.optimizer_ratio = memory.tree_bytes(opt_state) / self.total_bytes
 
-  @functools.lru_cache(maxsize=None)
+  @functools.lru_cache(maxsize=None)  # noqa: B019 (a few planners per process, each kept)
   def bytes_per_device(self, fsdp: int, expert: int, tensor: int) -> float:
     """Parameter bytes per device (only these axes shard parameters under DEFAULT_RULES)."""
     mesh = _shape_only_mesh(dict(fsdp=fsdp, expert=expert, tensor=tensor))

@@ -82,7 +82,7 @@ def run_sft_then_rl(config: ml_collections.ConfigDict, workdir: str | os.PathLik
 
 
 def run_job(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Runs config.job: "rl" (rl/jobs/trainer.py), "sft" (rl/jobs/sft.py), "o1_coder" (rl/search) or
+  """Runs config.job: "rl" (rl/jobs/trainer.py), "sft" (rl/jobs/sft.py), "o1_coder" (rl/o1_coder) or
   "sft_rl" (`run_sft_then_rl`)."""
   if config.job == "rl":
     from rl.jobs import trainer

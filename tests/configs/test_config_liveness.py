@@ -251,7 +251,7 @@ PROBES = {
 # field: why no test here shows it live.
 NOT_COVERED = {
     "tools.judge_weight": "needs a generative judge checkpoint (tools.judge_hf_dir) loaded and run "
-                          "(rl/tools/reward.load_judge); too heavy for a liveness probe",
+                          "(rl/tool_use/reward.load_judge); too heavy for a liveness probe",
     "tools.judge_hf_dir": "read only when tools.judge_weight > 0 (see there)",
     "tools.warm_start_steps": "runs demonstrations through the tool rollout and SFT steps "
                               "(compiled); too heavy for a liveness probe",

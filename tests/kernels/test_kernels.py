@@ -278,10 +278,10 @@ def test_dispatch(seed):
   np.testing.assert_array_equal(np.asarray(auto[0]), np.asarray(ref[0]))
   w = jnp.ones(q.shape[:3])
   for backend, pallas in (("interpret", True), ("reference", False), ("auto", False)):
-    mla = jax.make_jaxpr(lambda q, kv: kernels.sparse_mla(q, kv, idx, scale=0.2, d_v=32,
-                                                          backend=backend))(q, kv)
-    index = jax.make_jaxpr(lambda q, k: kernels.lightning_indexer(q, k, w, topk=2,
-                                                                  backend=backend))(q, kv)
+    mla = jax.make_jaxpr(functools.partial(kernels.sparse_mla, indices=idx, scale=0.2, d_v=32,
+                                           backend=backend))(q, kv)
+    index = jax.make_jaxpr(functools.partial(kernels.lightning_indexer, w=w, topk=2,
+                                             backend=backend))(q, kv)
     assert ("pallas_call" in str(mla)) == pallas and ("pallas_call" in str(index)) == pallas
   with pytest.raises(ValueError, match="must be one of"):
     kernels.sparse_mla(q, kv, idx, scale=0.2, d_v=32, backend="cuda")

@@ -15,7 +15,7 @@ DRAWS = 40_000
 
 def draw(logits, **kwargs):
   keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(7), jnp.arange(DRAWS))
-  tokens, token_logp, kept = jax.jit(lambda k, l: sampling.sample(k, l, **kwargs))(
+  tokens, token_logp, kept = jax.jit(lambda k, x: sampling.sample(k, x, **kwargs))(
       keys, jnp.broadcast_to(logits, (DRAWS, logits.shape[-1])))
   return np.asarray(tokens), np.asarray(token_logp), np.asarray(kept[0])
 

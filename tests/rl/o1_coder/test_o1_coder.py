@@ -1,4 +1,4 @@
-"""Tests of rl/search: MCTS on a toy problem (finds the known best path; UCT invariants), the
+"""Tests of rl/o1_coder: MCTS on a toy problem (finds the known best path; UCT invariants), the
 generated tasks and the path format, D_process and sibling pairs, the PRM, the test-case
 generator's data and metric, the aggregated reward, and the model-backed search problem."""
 
@@ -285,7 +285,7 @@ def _synthetic_process_rows(tasks):
   instead (value 0)."""
   rows = []
   for tree, task in enumerate(tasks):
-    for sibling, op in enumerate((task.op, "product", "max")):
+    for op in (task.op, "product", "max"):
       step = tasks_lib.split_steps(tasks_lib.reasoning_trace(task, wrong_op=op))[0]
       value = 1.0 if op == task.op else 0.0
       rows.append(reasoning.TaskProcessRecord(task, (), step, value, value, 1, (tree, 0)))
