@@ -79,7 +79,7 @@ def test_cache_survives_a_new_process(tmp_path, monkeypatch):
   path = str(tmp_path / "autotune.json")
   script = textwrap.dedent(f"""
       import sys
-      sys.path.insert(0, {os.path.join(REPO, "tests")!r})
+      sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
       sys.path.insert(0, {REPO!r})
       import test_autotune
       from kernels import autotune
