@@ -18,6 +18,7 @@ import pytest
 
 from launch import bench_math_reward
 from rl import data
+from rl.rewards import extract
 from rl.rewards import math as math_reward
 
 EVAL_DIR = Path(data.EVAL_DIR)
@@ -344,9 +345,9 @@ def test_no_answer_scores_wrong():
     ("x-3 equals", "3"),
     ("no digits here", None),
 ])
-def test_extract_answer(response, expected):
+def test_math_answer(response, expected):
   """Extraction order: last complete box, last Answer line, answer phrase, last number."""
-  assert math_reward.extract_answer(response) == expected
+  assert extract.math_answer(response) == expected
 
 
 @pytest.mark.parametrize("raw, expected", [

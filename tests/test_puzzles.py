@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import reasoning_gym
 
-from rl.rewards import puzzles
+from rl.rewards import extract, puzzles
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REQUIRED_TASKS = ("arithmetic", "puzzle24", "countdown", "maze", "sudoku", "knights_knaves",
@@ -346,9 +346,9 @@ def test_expression_evaluator_rejects_before_evaluating():
     ("  42\n", "42"),
     ("\\boxed {3} then \\fbox{4}", "4"),  # the math reward's box reader
 ])
-def test_extract_answer(response, expected):
+def test_puzzle_answer(response, expected):
   """Last complete \\boxed{}, else after the last "Answer:", else the whole response, stripped."""
-  assert puzzles.extract_answer(response) == expected
+  assert extract.puzzle_answer(response) == expected
 
 
 def test_carry_slips_forget_carries_only_where_there_are_some():

@@ -2,7 +2,7 @@
 
 Pipeline for one (response, gold) pair, all string work in the caller's process:
 
-1. Extract (`extract_answer`): the last complete `\\boxed{..}` / `\\fbox{..}` (balanced braces),
+1. Extract (`extract.math_answer`): the last complete `\\boxed{..}` / `\\fbox{..}` (balanced braces),
    else the last `Answer: ..` line (DAPO's format), else the rest of the last "the answer is .."
    sentence, else the last number in the text. No answer at all scores wrong.
 2. Normalise (`normalize_answer`): drop `$`, `\\$`, `\\%`, degrees, trailing unit text and unit
@@ -80,6 +80,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from rl.rewards import extract
+
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_WORKER_MEMORY_MB = 2048
 # Longer "answers" are not final answers; they would only cost normalisation and worker time.
@@ -91,106 +93,6 @@ MAX_RESPONSE_CHARS = 1 << 20
 _WORKER_START_TIMEOUT_S = 120.0
 
 Judge = Callable[[str, str, str], float]
-
-# ----------------------------------------------------------------------------- Extraction
-
-_BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
-# Runs of escaped characters (\\{ is no delimiter), of opening and of closing braces.
-_GROUP_TOKEN = re.compile(r"(?:\\.)+|\{+|\}+", re.DOTALL)
-_SPACES = re.compile(r"\s*")
-_BARE_TOKEN = re.compile(r"[^\s$]*")
-_ANSWER_LINE = re.compile(r"(?i)answer\s*:[ \t]*([^\n]*)")
-_ANSWER_PHRASE = re.compile(r"(?i)\bthe\s+(?:final\s+)?answer\s+is\s*:?[ \t]*([^\n]*)")
-# A number not glued to a word or closing bracket on its left (so "x-3" gives 3, not -3).
-_NUMBER = re.compile(
-    r"(?:(?<![\w)\]}])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|(?:(?<![\w)\]}])-)?\.\d+")
-
-
-def _group_end(text: str, open_index: int, limit: int) -> int | None:
-  """Index of the `}` closing the group that opens at `open_index`, or None when it is not
-  closed before `limit`. Escaped characters such as \\{ are not delimiters."""
-  depth = 0
-  for match in _GROUP_TOKEN.finditer(text, open_index, limit):
-    run = match.group()
-    if run[0] == "{":
-      depth += len(run)
-    elif run[0] == "}":
-      if len(run) >= depth:
-        return match.start() + depth - 1
-      depth -= len(run)
-  return None
-
-
-def last_boxed(text: str) -> str | None:
-  """Content of the last complete \\boxed / \\fbox (a truncated last one falls back to earlier),
-  or None. The one box reader: the math and puzzle rewards and evaluation all use it.
-
-  `\\boxed {x}` and `\\boxed x` (one bare token) count; escaped braces (\\{) are no
-  delimiters. Linear in len(text). A group that contains an unclosed one is unclosed too, so
-  the scan for an earlier box's closing brace stops where the later unclosed box starts: no
-  character is scanned twice. (Rescanning to the end for every unclosed box was quadratic:
-  20,000 of them took minutes.)
-  """
-  limit = len(text)
-  for command in reversed(list(_BOX_COMMAND.finditer(text))):
-    start = _SPACES.match(text, command.end()).end()
-    if text.startswith("{", start):
-      close = _group_end(text, start, limit)
-      if close is not None:
-        return text[start + 1:close]
-      limit = start
-    elif command.end() < start < len(text):
-      return _BARE_TOKEN.match(text, start).group()  # "\boxed 5": one bare token
-  return None
-
-
-def _strip_decoration(answer: str) -> str:
-  """Drops markdown bold and spaces around an answer and a sentence's period after it (a
-  character loop: the equivalent regex is quadratic on a long run of spaces)."""
-  start, end = 0, len(answer)
-  while start < end and (answer[start].isspace() or answer[start] == "*"):
-    start += 1
-  while end > start and (answer[end - 1].isspace() or answer[end - 1] in "*."):
-    end -= 1
-  return answer[start:end]
-
-
-def _last_answer_line(text: str) -> str | None:
-  matches = [m.group(1).strip() for m in _ANSWER_LINE.finditer(text)]
-  return matches[-1] if matches and matches[-1] else None
-
-
-def _last_answer_phrase(text: str) -> str | None:
-  matches = [m.group(1) for m in _ANSWER_PHRASE.finditer(text)]
-  if not matches:
-    return None
-  # The sentence ends at a period followed by space; decimals such as 3.21 have no space.
-  answer = re.split(r"\.\s", matches[-1], maxsplit=1)[0].strip()
-  return answer or None
-
-
-def extract_answer(response: str) -> str | None:
-  """The response's final answer (unnormalised), or None when it states none.
-
-  Order: last complete \\boxed{}/\\fbox{}; last `Answer:` line; last "the (final) answer is X"
-  (up to the end of that sentence); last number in the text. Markdown bold around a line or
-  phrase answer is dropped (mode="dapo" uses `extract_dapo_answer`, which keeps it, as DAPO does).
-  """
-  for extractor in (last_boxed, _last_answer_line, _last_answer_phrase):
-    answer = extractor(response)
-    if extractor is not last_boxed and answer is not None:
-      # Markdown bold ("**Answer:** 42", "the answer is **42**.") and a sentence's period.
-      answer = _strip_decoration(answer)
-    if answer:
-      return answer
-  numbers = _NUMBER.findall(response)
-  return numbers[-1] if numbers else None
-
-
-def extract_dapo_answer(response: str) -> str | None:
-  """DAPO's extraction: the text after the last `Answer:` on its line, or None."""
-  return _last_answer_line(response)
-
 
 # ----------------------------------------------------------------------------- Normalisation
 
@@ -637,7 +539,7 @@ def _score_dapo(responses: Sequence[str], golds: Sequence[str],
       counts.response_too_long += 1
       answer = None
     else:
-      answer = extract_dapo_answer(response)
+      answer = extract.answer_line(response)
     matched = (answer is not None and len(answer) <= MAX_ANSWER_CHARS
                and _rule_verdict(answer, gold)[0] == "exact_match")
     counts.dapo_match += matched
@@ -678,7 +580,7 @@ def score_batch(responses: Sequence[str], golds: Sequence[str], *, mode: str = "
     if len(response) > MAX_RESPONSE_CHARS:
       counts.response_too_long += 1
       continue
-    answer = extract_answer(response)
+    answer = extract.math_answer(response)
     if answer is None:
       counts.no_answer += 1
       continue

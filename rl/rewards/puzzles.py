@@ -32,8 +32,8 @@ sympy's parse_expr or eval(). Ours:
   keeping the given ones. graph_color: a JSON map covering exactly the vertices, with allowed
   colours, no edge monochrome.
 
-Answer extraction: the last complete `\\boxed{..}` (read by the math reward's `last_boxed`, so
-\\fbox and escaped braces count as they do for math), else the text after the last "Answer:",
+Answer extraction (`extract.puzzle_answer`): the last complete `\\boxed{..}` (read as the math
+reward reads it, so \\fbox and escaped braces count), else the text after the last "Answer:",
 else the whole response; surrounding whitespace, `*` and backticks are stripped.
 """
 
@@ -51,29 +51,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from rl.rewards.math import last_boxed
+from rl.rewards import extract
 
 # Bounds on what a verifier will look at, so that no response costs more than a few milliseconds.
-MAX_RESPONSE_CHARS = 100_000
 MAX_EXPRESSION_CHARS = 200
 MAX_JSON_CHARS = 4096
-
-# ---------------------------------------------------------------------------------------------
-# Answer extraction
-# ---------------------------------------------------------------------------------------------
-
-_ANSWER_RE = re.compile(r"answer\s*:", re.IGNORECASE)
-
-
-def extract_answer(response: str) -> str:
-  """The final answer of a response: last `\\boxed{}`, else after the last "Answer:", else all."""
-  text = response[-MAX_RESPONSE_CHARS:]
-  boxed = last_boxed(text)
-  if boxed is None:
-    matches = list(_ANSWER_RE.finditer(text))
-    boxed = text[matches[-1].end():] if matches else text
-  return boxed.strip().strip("*`").strip()
-
 
 # ---------------------------------------------------------------------------------------------
 # Exact arithmetic on an allow-listed expression tree
@@ -599,7 +581,7 @@ TASKS: dict[str, Task] = {task.name: task for task in (
 
 def score(entry: dict, response: str) -> float:
   """1.0 when the response's final answer solves `entry`, else 0.0."""
-  return 1.0 if TASKS[entry["task"]].verify(entry, extract_answer(response)) else 0.0
+  return 1.0 if TASKS[entry["task"]].verify(entry, extract.puzzle_answer(response)) else 0.0
 
 
 def make(task: str, *, size: int, seed: int, difficulty: int | None = None) -> list[dict]:
