@@ -33,7 +33,7 @@ from rl.data import EVAL_DIR, templates
 from rl.rewards import code as code_reward
 from rl.rewards import extract
 from rl.rewards import math as math_reward
-from rl.rewards import puzzles
+from rl.rewards import math_answer, puzzles
 
 MATH_FILES = {"gsm8k": "gsm8k_test.jsonl", "math500": "math500_test.jsonl",
               "aime24": "aime24_test.jsonl", "aime25": "aime25_test.jsonl",
@@ -292,7 +292,7 @@ def vote_key(problem: Problem, response: str) -> str | None:
   """The normalised answer a sample votes for in maj@n (None: no answer; code: no votes)."""
   if problem.kind == "math":
     answer = extract.math_answer(response)
-    return None if answer is None else math_reward.normalize_answer(answer)
+    return None if answer is None else math_answer.normalize_answer(answer)
   if problem.kind == "puzzle":
     answer = " ".join(extract.puzzle_answer(response).split())
     return answer or None
