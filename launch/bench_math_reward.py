@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 
 from rl.rewards import math as math_reward  # noqa: E402
+from rl.rewards import math_answer  # noqa: E402
 
 _DEFAULT_EVAL_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -52,7 +53,7 @@ def math500_workloads(eval_dir: str) -> dict[str, tuple[list[str], list[str]]]:
   golds = [row["answer"] for row in rows]
   wrong = [f"\\boxed{{{off_by_one(gold)}}}" for gold in golds]
   non_numeric = [i for i, gold in enumerate(golds)
-                 if not re.fullmatch(r"-?\d+(?:\.\d+)?", math_reward.normalize_answer(gold))]
+                 if not re.fullmatch(r"-?\d+(?:\.\d+)?", math_answer.normalize_answer(gold))]
   return {
       "reference solutions": ([row["solution"] for row in rows], golds),
       "off-by-one answers": (wrong, golds),

@@ -34,7 +34,7 @@ from rl.rollout import engine as rollout_lib
 from rl.data import selection
 from rl.data.entries import encode_prompts, load_entries, prompt_of
 from rl.rewards import manager
-from rl.rewards import math as math_reward
+from rl.rewards import extract
 
 RULES = ("rejection", "worst_of_n", "low_variance", "audit")
 
@@ -46,7 +46,7 @@ VerifyFn = Callable[[Sequence[dict], Sequence[str]], Sequence[float]]
 class Outcomes:
   """One pass of n samples per prompt, aligned with `records`: the responses [P][n], their
   verifier accuracies [P, n], and each response's final answer as the math verifier extracts it
-  (rl.rewards.math.extract_answer) for math records; None where it states none and for every
+  (rl.rewards.extract.math_answer) for math records; None where it states none and for every
   response to a record of another kind."""
 
   records: list[dict]
@@ -92,7 +92,7 @@ def sample_outcomes(records: Sequence[dict], generate_fn: GenerateFn, verify_fn:
                        "responses")
     responses.extend(batch_responses)
     accuracies.append(scores.reshape(len(batch), n))
-  answers = [[math_reward.extract_answer(r) for r in samples]
+  answers = [[extract.math_answer(r) for r in samples]
              if manager.kind_of(record) == "math" else [None] * n
              for record, samples in zip(records, responses)]
   return Outcomes(records=list(records), responses=responses,

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from rl.rewards import math as math_reward
+from rl.rewards import math_answer
 
 Record = Mapping[str, Any]
 
@@ -111,7 +111,7 @@ _DECIMAL = re.compile(r"-?\d+(?:\.\d+)?")
 def answer_key(answer: str) -> str:
   """A comparison key: the math reward's normalisation, whitespace dropped, words caseless,
   and decimal numbers as exact fractions (so "2", "2.0" and "02" agree)."""
-  key = re.sub(r"\s+", "", math_reward.normalize_answer(answer))
+  key = re.sub(r"\s+", "", math_answer.normalize_answer(answer))
   if _DECIMAL.fullmatch(key) and len(key) <= 100:
     return str(fractions.Fraction(key))
   return key.lower() if key.isalpha() else key

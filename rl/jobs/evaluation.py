@@ -31,8 +31,9 @@ from models.padding import round_up
 from rl.rollout import engine as rollout_lib
 from rl.data import EVAL_DIR, templates
 from rl.rewards import code as code_reward
+from rl.rewards import extract
 from rl.rewards import math as math_reward
-from rl.rewards import puzzles
+from rl.rewards import math_answer, puzzles
 
 MATH_FILES = {"gsm8k": "gsm8k_test.jsonl", "math500": "math500_test.jsonl",
               "aime24": "aime24_test.jsonl", "aime25": "aime25_test.jsonl",
@@ -281,7 +282,7 @@ def extract_code(response: str, template: str) -> str:
   completion up to the first line that leaves the function body (CODE_STOP_SEQUENCES).
   """
   if template == "chat":
-    return "\n" + code_reward.program_text(response)
+    return "\n" + extract.program_text(response)
   cut = min((i for i in (response.find(s) for s in CODE_STOP_SEQUENCES) if i >= 0),
             default=len(response))
   return response[:cut]
@@ -290,10 +291,10 @@ def extract_code(response: str, template: str) -> str:
 def vote_key(problem: Problem, response: str) -> str | None:
   """The normalised answer a sample votes for in maj@n (None: no answer; code: no votes)."""
   if problem.kind == "math":
-    answer = math_reward.extract_answer(response)
-    return None if answer is None else math_reward.normalize_answer(answer)
+    answer = extract.math_answer(response)
+    return None if answer is None else math_answer.normalize_answer(answer)
   if problem.kind == "puzzle":
-    answer = " ".join(puzzles.extract_answer(response).split())
+    answer = " ".join(extract.puzzle_answer(response).split())
     return answer or None
   return None
 

@@ -1,5 +1,8 @@
 """Code-execution rewards: grade model-written Python against tests, in the sandbox.
 
+The graders take programs; a response's program is `extract.program_text(response)` (its first
+fenced code block), read the same way by the trainer's reward manager and by evaluation.
+
 A `CodeProblem` holds a list of tests of two kinds:
 
 * `StdioTest(stdin, expected_stdout)`: the program reads stdin and its stdout must match the
@@ -36,7 +39,6 @@ untrusted source can itself crash the parser, so it does not run in the trainer'
 import concurrent.futures
 import dataclasses
 import functools
-import re
 import secrets
 from collections.abc import Mapping, Sequence
 
@@ -125,19 +127,6 @@ class CodeResult:
   def reward(self, compile_weight: float = 0.0) -> float:
     """O1-Coder's v = a * compiled + (1 - a) * pass_rate with a = compile_weight."""
     return compile_weight * float(self.compiled) + (1.0 - compile_weight) * self.pass_rate
-
-
-# A fenced block: any language tag; an unterminated fence (a response cut at the length cap)
-# runs to the end of the text.
-_FENCED = re.compile(r"```[ \t]*[A-Za-z0-9_+.-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
-
-
-def program_text(response: str) -> str:
-  """The program in a code response: its first fenced block (to the end of the text when the
-  fence is never closed), else the whole text. Training rewards and evaluation both read
-  responses through this one function."""
-  match = _FENCED.search(response)
-  return match.group(1) if match else response
 
 
 def humaneval_problem(record: Mapping[str, str], *, timeout_s: float = 5.0) -> CodeProblem:

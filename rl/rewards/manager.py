@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from rl.rewards import code as code_reward
+from rl.rewards import extract
 from rl.rewards import math as math_reward
 from rl.rewards import puzzles
 
@@ -83,7 +84,7 @@ def score_responses(entries: Sequence[Mapping[str, Any]], responses: Sequence[st
                                           num_workers=workers)
       acc[rows] = scores
     else:
-      results = code_reward.grade_batch([code_reward.program_text(responses[i]) for i in rows],
+      results = code_reward.grade_batch([extract.program_text(responses[i]) for i in rows],
                                         [code_problem(entries[i]) for i in rows],
                                         workers=workers)
       acc[rows] = [float(r.all_passed) for r in results]

@@ -11,161 +11,34 @@ Contract (what the data pipeline and the curriculum use):
   a sentence saying what the knob changes, for the curriculum.
 
 Generators. "arithmetic" and "addition" are ours (short "12+7*3=" / "58+67=" prompts with a plain
-integer answer; the demo's tiny model learns "addition"). The other tasks use reasoning-gym 0.1.25's generators, each difficulty
-level mapped to one generator config. reasoning-gym seeds item i with `seed + i`, so neighbouring
-seeds would share all but one item; every generator gets a hash of (task, level, seed) instead.
+integer answer; the demo's tiny model learns "addition"). The other tasks use reasoning-gym
+0.1.25's generators, each difficulty level mapped to one generator config. reasoning-gym seeds
+item i with `seed + i`, so neighbouring seeds would share all but one item; every generator gets
+a hash of (task, level, seed) instead.
 
-Verifiers. reasoning-gym's scorers are not used: several are lenient (puzzle24 accepts numbers that
-were not given and truncates with int(); countdown reads "2.5" as the numbers 2 and 5 and allows
-`**`, `%` and `!`; most give partial credit to wrong answers) and some run model output through
-sympy's parse_expr or eval(). Ours:
+Verifiers: our own, one per task, in puzzle_verifiers.py (its docstring says why reasoning-gym's
+scorers are not used and what each one checks).
 
-* Expressions (puzzle24, countdown): a character allow-list, then Python's `ast` with only integer
-  literals written in decimal, + - * /, unary minus and parentheses allowed, a bounded length, and
-  exact `fractions.Fraction` evaluation (division by zero is wrong; nothing is ever truncated).
-  The literals used must be the given numbers: all four exactly once (puzzle24), a sub-multiset
-  (countdown, whose question says "each at most once").
-* maze: the integer answer against our own BFS of the grid. sudoku / mini_sudoku: a full grid,
-  every row, column and box a permutation, every clue kept (any valid completion counts).
-  knights_knaves: one role per inhabitant, equal to the solution, which `make` re-derives by brute
-  force and checks is unique. zebra: the name, case-folded. n_queens: n non-attacking queens
-  keeping the given ones. graph_color: a JSON map covering exactly the vertices, with allowed
-  colours, no edge monochrome.
-
-Answer extraction: the last complete `\\boxed{..}` (read by the math reward's `last_boxed`, so
-\\fbox and escaped braces count as they do for math), else the text after the last "Answer:",
+Answer extraction (`extract.puzzle_answer`): the last complete `\\boxed{..}` (read as the math
+reward reads it, so \\fbox and escaped braces count), else the text after the last "Answer:",
 else the whole response; surrounding whitespace, `*` and backticks are stripped.
 """
 
 from __future__ import annotations
 
-import ast
-import collections
 import dataclasses
-import fractions
 import hashlib
-import itertools
 import json
 import random
 import re
 from collections.abc import Callable
 from typing import Any
 
-from rl.rewards.math import last_boxed
-
-# Bounds on what a verifier will look at, so that no response costs more than a few milliseconds.
-MAX_RESPONSE_CHARS = 100_000
-MAX_EXPRESSION_CHARS = 200
-MAX_JSON_CHARS = 4096
+from rl.rewards import extract
+from rl.rewards import puzzle_verifiers as verifiers
 
 # ---------------------------------------------------------------------------------------------
-# Answer extraction
-# ---------------------------------------------------------------------------------------------
-
-_ANSWER_RE = re.compile(r"answer\s*:", re.IGNORECASE)
-
-
-def extract_answer(response: str) -> str:
-  """The final answer of a response: last `\\boxed{}`, else after the last "Answer:", else all."""
-  text = response[-MAX_RESPONSE_CHARS:]
-  boxed = last_boxed(text)
-  if boxed is None:
-    matches = list(_ANSWER_RE.finditer(text))
-    boxed = text[matches[-1].end():] if matches else text
-  return boxed.strip().strip("*`").strip()
-
-
-# ---------------------------------------------------------------------------------------------
-# Exact arithmetic on an allow-listed expression tree
-# ---------------------------------------------------------------------------------------------
-
-# Characters an expression may contain at all: rejects names, calls, attributes, strings, floats
-# and non-decimal literals (0x18) before Python's parser sees the text.
-_EXPRESSION_CHARS = re.compile(r"[0-9+\-*/() ]*")
-_BINARY_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Evaluation:
-  """An expression's exact value and what it was built from."""
-
-  value: fractions.Fraction
-  literals: tuple[int, ...]  # the integers written in the expression, in order
-  operators: frozenset[str]  # binary operators used
-
-
-def evaluate_expression(text: str) -> Evaluation | None:
-  """Exact value of an integer +-*/ expression, or None when it is not one (or divides by zero).
-
-  Only decimal integer literals, the four binary operators, unary minus and parentheses are
-  accepted; `**`, `//`, `%`, names and calls fail the tree walk without being evaluated.
-  """
-  text = text.replace("×", "*").replace("÷", "/").replace("−", "-").replace("\u00b7", "*")
-  text = " ".join(text.split())
-  if not text or len(text) > MAX_EXPRESSION_CHARS or not _EXPRESSION_CHARS.fullmatch(text):
-    return None
-  try:
-    tree = ast.parse(text, mode="eval")
-  except (SyntaxError, ValueError, RecursionError, MemoryError):
-    return None
-  literals: list[int] = []
-  operators: set[str] = set()
-
-  def walk(node: ast.AST) -> fractions.Fraction | None:
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-      literals.append(node.value)
-      return fractions.Fraction(node.value)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-      operand = walk(node.operand)
-      return None if operand is None else -operand
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY_OPS:
-      left, right = walk(node.left), walk(node.right)
-      if left is None or right is None:
-        return None
-      operators.add(_BINARY_OPS[type(node.op)])
-      if isinstance(node.op, ast.Add):
-        return left + right
-      if isinstance(node.op, ast.Sub):
-        return left - right
-      if isinstance(node.op, ast.Mult):
-        return left * right
-      return None if right == 0 else left / right
-    return None
-
-  try:
-    value = walk(tree.body)
-  except RecursionError:
-    return None
-  if value is None:
-    return None
-  return Evaluation(value, tuple(literals), frozenset(operators))
-
-
-def _split_target(text: str, target: int) -> str | None:
-  """Drops a trailing "= target" (a common habit, and harmless); another right side is wrong."""
-  if "=" not in text:
-    return text
-  left, _, right = text.rpartition("=")
-  if "=" in left or right.strip() != str(target):
-    return None
-  return left
-
-
-def _verify_expression(entry: dict, answer: str, use_all: bool) -> bool:
-  expression = _split_target(answer, entry["target"])
-  if expression is None:
-    return False
-  result = evaluate_expression(expression)
-  if result is None or result.value != entry["target"]:
-    return False
-  if not result.operators <= set(entry["operators"]):
-    return False
-  used, given = collections.Counter(result.literals), collections.Counter(entry["numbers"])
-  return used == given if use_all else not used - given
-
-
-# ---------------------------------------------------------------------------------------------
-# Generators and verifiers, one section per task
+# Generators, one section per task
 # ---------------------------------------------------------------------------------------------
 
 def _derived_seed(*parts: Any) -> int:
@@ -181,11 +54,6 @@ def _reasoning_gym_items(name: str, config: dict, size: int, seed: int) -> list[
 
   dataset = reasoning_gym.create_dataset(name, seed=seed, size=size, **config)
   return [dataset[i] for i in range(size)]
-
-
-def _integer(answer: str) -> int | None:
-  answer = answer.strip()
-  return int(answer) if re.fullmatch(r"[+-]?\d{1,60}", answer) else None
 
 
 # Arithmetic (ours). Level d: 2 + d // 2 operands of up to 1 + (d + 1) // 2 digits; level 0 adds
@@ -213,7 +81,7 @@ def _expressions(size: int, seed: int, num_operands: int, digits: int,
     expression = operands[0]
     for operand in operands[1:]:
       expression += rng.choice(operators) + operand
-    answer = str(evaluate_expression(expression).value.numerator)
+    answer = str(verifiers.evaluate_expression(expression).value.numerator)
     entries.append({"question": f"{expression}=", "answer": answer, "expression": expression,
                     "solution": _worked_solution(answer)})
   return entries
@@ -261,10 +129,6 @@ def with_carry_slips(entries: list[dict], rate: float, seed: int) -> list[dict]:
       entry = {**entry, "solution": _worked_solution(str(slipped))}
     out.append(entry)
   return out
-
-
-def _verify_arithmetic(entry: dict, answer: str) -> bool:
-  return _integer(answer) == evaluate_expression(entry["expression"]).value
 
 
 # Puzzle 24.
@@ -327,38 +191,16 @@ _MAZE_LEVELS = tuple(
                                ((10, 15), (10, 15)), ((15, 25), (15, 25))))
 
 
-def maze_distance(grid: list[str], start: str, goal: str, wall: str) -> int | None:
-  """Shortest 4-connected path length from `start` to `goal` avoiding `wall` cells (BFS)."""
-  cells = {(r, c): char for r, row in enumerate(grid) for c, char in enumerate(row)}
-  source = next(p for p, char in cells.items() if char == start)
-  distance = {source: 0}
-  queue = collections.deque([source])
-  while queue:
-    r, c = queue.popleft()
-    if cells[(r, c)] == goal:
-      return distance[(r, c)]
-    for step in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
-      if step in cells and cells[step] != wall and step not in distance:
-        distance[step] = distance[(r, c)] + 1
-        queue.append(step)
-  return None
-
-
 def _make_maze(size: int, seed: int, level: int) -> list[dict]:
   entries = []
   for item in _reasoning_gym_items("maze", _MAZE_LEVELS[level], size, seed):
     meta = item["metadata"]
     fields = {"grid": list(meta["grid"]), "start": meta["start"], "goal": meta["goal"],
               "wall": meta["wall"]}
-    if str(maze_distance(**fields)) != item["answer"]:
+    if str(verifiers.maze_distance(**fields)) != item["answer"]:
       raise RuntimeError(f"maze generator's distance {item['answer']} disagrees with our BFS")
     entries.append({"question": item["question"], "answer": item["answer"], **fields})
   return entries
-
-
-def _verify_maze(entry: dict, answer: str) -> bool:
-  distance = maze_distance(entry["grid"], entry["start"], entry["goal"], entry["wall"])
-  return distance is not None and _integer(answer) == distance
 
 
 # Sudoku (9x9) and mini sudoku (4x4): any valid completion of the clues counts.
@@ -366,33 +208,6 @@ _SUDOKU_LEVELS = tuple({"min_empty": lo, "max_empty": hi}
                        for lo, hi in ((10, 20), (20, 30), (30, 40), (40, 50), (50, 54)))
 _MINI_SUDOKU_LEVELS = tuple({"min_empty": lo, "max_empty": hi}
                             for lo, hi in ((4, 6), (6, 8), (8, 10), (10, 12)))
-# Layout characters a grid answer may carry besides its digits (rows, separators, box rules).
-_GRID_LAYOUT = re.compile(r"[\s,;|\[\]+\-]")
-
-
-def _parse_grid(answer: str, n: int) -> list[list[int]] | None:
-  digits = _GRID_LAYOUT.sub("", answer)
-  if len(digits) != n * n or any(d not in "123456789"[:n] for d in digits):
-    return None
-  return [[int(d) for d in digits[r * n:(r + 1) * n]] for r in range(n)]
-
-
-def _verify_sudoku(entry: dict, answer: str) -> bool:
-  puzzle = entry["puzzle"]
-  n = len(puzzle)
-  box = {9: 3, 4: 2}[n]
-  grid = _parse_grid(answer, n)
-  if grid is None:
-    return False
-  if any(clue and clue != value for clue_row, row in zip(puzzle, grid)
-         for clue, value in zip(clue_row, row)):
-    return False
-  full = set(range(1, n + 1))
-  rows = grid
-  columns = [[grid[r][c] for r in range(n)] for c in range(n)]
-  boxes = [[grid[r][c] for r in range(br, br + box) for c in range(bc, bc + box)]
-           for br in range(0, n, box) for bc in range(0, n, box)]
-  return all(set(group) == full for group in itertools.chain(rows, columns, boxes))
 
 
 def _sudoku_maker(rg_name: str, levels: tuple[dict, ...]) -> Callable[[int, int, int], list]:
@@ -403,36 +218,10 @@ def _sudoku_maker(rg_name: str, levels: tuple[dict, ...]) -> Callable[[int, int,
   return make_entries
 
 
-# Knights and knaves. Statements are reasoning-gym's trees: ("telling-truth", i), ("lying", i),
-# ("not", s), ("and", s...), ("or", s...), ("->", p, q), ("<=>", p, q).
+# Knights and knaves: one role per inhabitant; `make` keeps only puzzles with a unique solution.
 _KNIGHTS_KNAVES_LEVELS = tuple(
     {"n_people": n, "depth_constraint": depth, "width_constraint": width}
     for n, depth, width in ((2, 2, 2), (3, 2, 2), (4, 2, 2), (5, 3, 2), (6, 3, 3)))
-
-
-def _truth(statement: list, honest: tuple[bool, ...]) -> bool:
-  kind, args = statement[0], statement[1:]
-  if kind == "telling-truth":
-    return honest[args[0]]
-  if kind == "lying":
-    return not honest[args[0]]
-  if kind == "not":
-    return not _truth(args[0], honest)
-  if kind == "and":
-    return all(_truth(s, honest) for s in args)
-  if kind == "or":
-    return any(_truth(s, honest) for s in args)
-  if kind == "->":
-    return not _truth(args[0], honest) or _truth(args[1], honest)
-  if kind == "<=>":
-    return _truth(args[0], honest) == _truth(args[1], honest)
-  raise ValueError(f"unknown statement kind {kind!r}")
-
-
-def knights_knaves_solutions(statements: list) -> list[tuple[bool, ...]]:
-  """Every assignment (True = knight) under which each inhabitant's statement is true iff honest."""
-  return [honest for honest in itertools.product((True, False), repeat=len(statements))
-          if all(_truth(s, honest) == honest[i] for i, s in enumerate(statements))]
 
 
 def _as_lists(tree: Any) -> Any:
@@ -445,7 +234,7 @@ def _make_knights_knaves(size: int, seed: int, level: int) -> list[dict]:
     meta = item["metadata"]
     statements = _as_lists(meta["statements"])
     solution = [bool(x) for x in meta["solution"]]
-    if knights_knaves_solutions(statements) != [tuple(solution)]:
+    if verifiers.knights_knaves_solutions(statements) != [tuple(solution)]:
       raise RuntimeError("knights_knaves generator produced a puzzle without a unique solution")
     terms = meta["knight_knave_terms"]
     entries.append({"question": item["question"], "answer": item["answer"],
@@ -453,28 +242,6 @@ def _make_knights_knaves(size: int, seed: int, level: int) -> list[dict]:
                     "roles": [str(terms["knight"]), str(terms["knave"])],
                     "statements": statements, "solution": solution})
   return entries
-
-
-_CLAUSE_SPLIT = re.compile(r"[,;.\n]|\band\b", re.IGNORECASE)
-_CLAUSE = re.compile(r"(\w+)(?:\s+is\s+|\s*[:=-]\s*|\s+)(?:an?\s+)?(\w+)", re.IGNORECASE)
-
-
-def _verify_knights_knaves(entry: dict, answer: str) -> bool:
-  # Every clause must be one "<name> is a <role>": hedges ("a knight or a knave"), negations and
-  # extra prose fail, instead of being read for the assignment they happen to contain.
-  names = {name.casefold(): i for i, name in enumerate(entry["names"])}
-  knight, knave = (role.casefold() for role in entry["roles"])
-  honest: dict[int, bool] = {}
-  for clause in _CLAUSE_SPLIT.split(answer):
-    if not clause.strip():
-      continue
-    match = _CLAUSE.fullmatch(clause.strip())
-    if not match or match[1].casefold() not in names or match[2].casefold() not in (knight, knave):
-      return False
-    person, is_knight = names[match[1].casefold()], match[2].casefold() == knight
-    if honest.setdefault(person, is_knight) != is_knight:
-      return False
-  return [honest.get(i) for i in range(len(names))] == entry["solution"]
 
 
 # Zebra puzzles: the question asks for one name from the generator's uniquely solvable grid.
@@ -487,10 +254,6 @@ def _make_zebra(size: int, seed: int, level: int) -> list[dict]:
           for item in _reasoning_gym_items("zebra_puzzles", _ZEBRA_LEVELS[level], size, seed)]
 
 
-def _verify_zebra(entry: dict, answer: str) -> bool:
-  return answer.strip().strip("\"'.").strip().casefold() == entry["answer"].casefold()
-
-
 # N queens: complete the board to n mutually non-attacking queens, keeping the given ones.
 _N_QUEENS_LEVELS = tuple({"n": n, "min_remove": lo, "max_remove": hi}
                          for n, lo, hi in ((4, 1, 2), (6, 2, 4), (8, 3, 6), (8, 6, 8), (10, 6, 10)))
@@ -500,19 +263,6 @@ def _make_n_queens(size: int, seed: int, level: int) -> list[dict]:
   return [{"question": item["question"], "answer": item["answer"],
            "puzzle": ["".join(row) for row in item["metadata"]["puzzle"]]}
           for item in _reasoning_gym_items("n_queens", _N_QUEENS_LEVELS[level], size, seed)]
-
-
-def _verify_n_queens(entry: dict, answer: str) -> bool:
-  puzzle = entry["puzzle"]
-  n = len(puzzle)
-  rows = ["".join(line.split()) for line in answer.splitlines() if line.strip()]
-  if len(rows) != n or any(len(row) != n or set(row) - {"Q", "_"} for row in rows):
-    return False
-  queens = [(r, c) for r, row in enumerate(rows) for c, cell in enumerate(row) if cell == "Q"]
-  given = [(r, c) for r, row in enumerate(puzzle) for c, cell in enumerate(row) if cell == "Q"]
-  return (len(queens) == n and set(given) <= set(queens)
-          and len({r for r, _ in queens}) == n and len({c for _, c in queens}) == n
-          and len({r + c for r, c in queens}) == n and len({r - c for r, c in queens}) == n)
 
 
 # Graph colouring: a JSON map from every vertex to an allowed colour, no edge monochrome.
@@ -533,21 +283,6 @@ def _make_graph_color(size: int, seed: int, level: int) -> list[dict]:
   return entries
 
 
-def _verify_graph_color(entry: dict, answer: str) -> bool:
-  if len(answer) > MAX_JSON_CHARS:
-    return False
-  try:
-    coloring = json.loads(answer)
-  except (ValueError, RecursionError):
-    return False
-  if not isinstance(coloring, dict) or set(coloring) != {str(v) for v in entry["vertices"]}:
-    return False
-  # type() rather than isinstance: JSON true would otherwise pass as colour 1.
-  if any(type(c) is not int or c not in entry["colors"] for c in coloring.values()):
-    return False
-  return all(coloring[str(u)] != coloring[str(v)] for u, v in entry["edges"])
-
-
 # ---------------------------------------------------------------------------------------------
 # Registry and public entry points
 # ---------------------------------------------------------------------------------------------
@@ -564,42 +299,42 @@ class Task:
 TASKS: dict[str, Task] = {task.name: task for task in (
     Task("arithmetic", 8,
          "operands 2 + d//2 of up to 1 + (d+1)//2 digits; level 0 only +, level 1 adds -, "
-         "level 2 and up add * (with precedence)", _make_arithmetic, _verify_arithmetic),
+         "level 2 and up add * (with precedence)", _make_arithmetic, verifiers.verify_arithmetic),
     Task("addition", 3, "two operands of up to 2, 3, 4 digits", _make_addition,
-         _verify_arithmetic),
+         verifiers.verify_arithmetic),
     Task("puzzle24", len(_PUZZLE24_LEVELS),
          "range of the four numbers (1-6, 1-9, 1-10) and operators (/ allowed from level 2)",
-         _make_puzzle24, lambda e, a: _verify_expression(e, a, use_all=True)),
+         _make_puzzle24, lambda e, a: verifiers.verify_expression(e, a, use_all=True)),
     Task("countdown", len(_COUNTDOWN_LEVELS),
          "count of numbers (3 -> 6-8), their range (1-20 -> 1-100), the target range "
          "(10-100 -> 100-9999), and / allowed from level 2",
-         _make_countdown, lambda e, a: _verify_expression(e, a, use_all=False)),
+         _make_countdown, lambda e, a: verifiers.verify_expression(e, a, use_all=False)),
     Task("maze", len(_MAZE_LEVELS),
          "shortest-path length (1-3 -> 15-25 steps) and grid side (5-6 -> 15-25)",
-         _make_maze, _verify_maze),
+         _make_maze, verifiers.verify_maze),
     Task("sudoku", len(_SUDOKU_LEVELS),
          "empty cells of the 9x9 grid (10-20 -> 50-54)",
-         _sudoku_maker("sudoku", _SUDOKU_LEVELS), _verify_sudoku),
+         _sudoku_maker("sudoku", _SUDOKU_LEVELS), verifiers.verify_sudoku),
     Task("mini_sudoku", len(_MINI_SUDOKU_LEVELS),
          "empty cells of the 4x4 grid (4-6 -> 10-12)",
-         _sudoku_maker("mini_sudoku", _MINI_SUDOKU_LEVELS), _verify_sudoku),
+         _sudoku_maker("mini_sudoku", _MINI_SUDOKU_LEVELS), verifiers.verify_sudoku),
     Task("knights_knaves", len(_KNIGHTS_KNAVES_LEVELS),
          "inhabitants (2 -> 6) and nesting depth / width of their statements (2/2 -> 3/3)",
-         _make_knights_knaves, _verify_knights_knaves),
+         _make_knights_knaves, verifiers.verify_knights_knaves),
     Task("zebra", len(_ZEBRA_LEVELS),
-         "houses x attributes (2x2, 3x3, 4x3, 4x4, 5x4)", _make_zebra, _verify_zebra),
+         "houses x attributes (2x2, 3x3, 4x3, 4x4, 5x4)", _make_zebra, verifiers.verify_zebra),
     Task("n_queens", len(_N_QUEENS_LEVELS),
          "board side (4 -> 10) and queens left to place (1-2 -> 6-10)",
-         _make_n_queens, _verify_n_queens),
+         _make_n_queens, verifiers.verify_n_queens),
     Task("graph_color", len(_GRAPH_COLOR_LEVELS),
          "vertices (4-6 -> 20-25) with 3 colours, edge probability falling (0.3 -> 0.12) so "
-         "that a colouring exists", _make_graph_color, _verify_graph_color),
+         "that a colouring exists", _make_graph_color, verifiers.verify_graph_color),
 )}
 
 
 def score(entry: dict, response: str) -> float:
   """1.0 when the response's final answer solves `entry`, else 0.0."""
-  return 1.0 if TASKS[entry["task"]].verify(entry, extract_answer(response)) else 0.0
+  return 1.0 if TASKS[entry["task"]].verify(entry, extract.puzzle_answer(response)) else 0.0
 
 
 def make(task: str, *, size: int, seed: int, difficulty: int | None = None) -> list[dict]:

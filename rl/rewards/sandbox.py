@@ -28,12 +28,12 @@ a `RunResult`. The isolation, in layers:
   then memory is bounded per process, up to memory_mb x max_processes in all.
 * rlimits (set by `prlimit` inside the namespaces, so the process count is per sandbox): CPU
   seconds, address space, file size, processes+threads, open files, no core dumps.
-* Wall-clock timeout and output cap enforced here: stdout/stderr are streamed through a
-  selector (never `communicate()`, which buffers unbounded output) and the run is killed at
-  `max_output_bytes`. A run is killed through PID 1 of its PID namespace: the kernel then
-  kills every process in it, orphans that called setsid() included, and `run` returns only
-  once they are all gone. When the program exits by itself, bwrap's PID 1 exits with it, with
-  the same effect.
+* Wall-clock timeout and output cap, enforced from outside (rl/rewards/sandbox_process.py):
+  stdout/stderr are streamed through a selector (never `communicate()`, which buffers unbounded
+  output) and the run is killed at `max_output_bytes`. A run is killed through PID 1 of its PID
+  namespace: the kernel then kills every process in it, orphans that called setsid() included,
+  and `run` returns only once they are all gone. When the program exits by itself, bwrap's
+  PID 1 exits with it, with the same effect.
 
 Overhead is a few milliseconds for bwrap, ~10 ms of Python start-up and, with cgroups, ~20 ms
 of cgroup set-up per run. `run` is thread-safe; `code.py` calls it from a thread pool.
@@ -48,23 +48,23 @@ import concurrent.futures
 import ctypes
 import dataclasses
 import functools
-import json
 import math
 import os
 import platform
 import pwd
-import selectors
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from rl.rewards import sandbox_cgroup
 from rl.rewards import sandbox_seccomp
+from rl.rewards.sandbox_process import (Collector, as_bytes, await_child_pid, classify,
+                                        close_pipes, decode, kill_group, kill_marked,
+                                        kill_sandbox, memfd, status_reports)
 
 SANDBOX_USER = "seedrl-sandbox"
 FALLBACK_USER = "nobody"
@@ -74,13 +74,7 @@ WORKDIR = "/tmp"
 PROGRAM_NAME = "main.py"
 STATUSES = ("ok", "timeout", "memory", "output_limit", "runtime_error", "killed")
 
-_READ_CHUNK = 1 << 16
-_KILL_GRACE_S = 5.0
-# How often a running sandbox's cgroup is checked for OOM kills.
-_OOM_POLL_S = 0.05
 _KEYCTL_JOIN_SESSION_KEYRING = 1
-# Markers of an allocation refused under RLIMIT_AS (Python, C++ and glibc wording).
-_MEMORY_MARKERS = (b"MemoryError", b"std::bad_alloc", b"Cannot allocate memory", b"out of memory")
 # Environment of the sandboxed program: nothing of the caller's leaks in.
 _SANDBOX_ENV = {"PATH": "/usr/bin:/bin", "HOME": WORKDIR, "TMPDIR": WORKDIR, "LANG": "C.UTF-8",
                 "PYTHONIOENCODING": "utf-8"}
@@ -226,201 +220,6 @@ def _check_files(files: Mapping[str, str | bytes]) -> None:
       raise ValueError(f"files= may not contain {PROGRAM_NAME!r}: that name holds the program")
 
 
-def _memfd(data: bytes) -> int:
-  """An anonymous in-memory file holding `data`, rewound, for bwrap's --file."""
-  fd = os.memfd_create("seedrl-sandbox-file")
-  view = memoryview(data)
-  while view:
-    view = view[os.write(fd, view):]
-  os.lseek(fd, 0, os.SEEK_SET)
-  return fd
-
-
-def _as_bytes(data: str | bytes) -> bytes:
-  return data.encode() if isinstance(data, str) else data
-
-
-class _Collector:
-  """Streams a child's pipes through one selector: feeds stdin, caps stdout and stderr, and
-  keeps whatever arrives on an extra fd (bwrap's JSON status)."""
-
-  def __init__(self, proc: subprocess.Popen, stdin: bytes, extra_fd: int | None,
-               max_output_bytes: int, extra: bytes = b""):
-    self.proc = proc
-    self.max_output_bytes = max_output_bytes
-    self.stdin_fd = None if proc.stdin is None else proc.stdin.fileno()
-    self.stdout_fd, self.stderr_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    self.chunks = {self.stdout_fd: [], self.stderr_fd: []}
-    self.sizes = dict.fromkeys(self.chunks, 0)
-    self.extra = bytearray(extra)
-    self.extra_fd = extra_fd
-    self.pending_stdin = memoryview(stdin)
-
-  def collect(self, deadline: float, out_of_memory: Callable[[], bool] | None = None
-              ) -> str | None:
-    """Runs until every pipe closes (None) or a limit stops it ("timeout", "output_limit", or
-    "memory" when `out_of_memory`, polled every _OOM_POLL_S, says so)."""
-    next_poll = time.monotonic() + _OOM_POLL_S
-    with selectors.DefaultSelector() as selector:
-      for fd in self.chunks:
-        selector.register(fd, selectors.EVENT_READ)
-      if self.extra_fd is not None:
-        selector.register(self.extra_fd, selectors.EVENT_READ)
-      if self.stdin_fd is not None:
-        os.set_blocking(self.stdin_fd, False)
-        selector.register(self.stdin_fd, selectors.EVENT_WRITE)
-      while selector.get_map():
-        now = time.monotonic()
-        if out_of_memory is not None and now >= next_poll:
-          if out_of_memory():
-            return "memory"
-          next_poll = now + _OOM_POLL_S
-        remaining = deadline - now
-        if remaining <= 0:
-          return "timeout"
-        wait = remaining if out_of_memory is None else min(remaining, next_poll - now)
-        for key, _ in selector.select(wait):
-          if key.fd == self.stdin_fd:
-            self._feed_stdin(selector)
-          elif self._read(selector, key.fd):
-            return "output_limit"
-    return None
-
-  def _feed_stdin(self, selector: selectors.BaseSelector) -> None:
-    try:
-      written = os.write(self.stdin_fd, self.pending_stdin[:_READ_CHUNK])
-      self.pending_stdin = self.pending_stdin[written:]
-    except BlockingIOError:
-      return
-    except BrokenPipeError:  # The program stopped reading: not an error of ours.
-      self.pending_stdin = self.pending_stdin[:0]
-    if not self.pending_stdin:
-      selector.unregister(self.stdin_fd)
-      self.proc.stdin.close()
-
-  def _read(self, selector: selectors.BaseSelector, fd: int) -> bool:
-    """Reads one chunk; True when an output stream went over the cap."""
-    data = os.read(fd, _READ_CHUNK)
-    if not data:
-      selector.unregister(fd)
-      return False
-    if fd == self.extra_fd:
-      self.extra += data
-      return False
-    room = self.max_output_bytes - self.sizes[fd]
-    self.chunks[fd].append(data[:room])
-    self.sizes[fd] += len(data)
-    return self.sizes[fd] > self.max_output_bytes
-
-  def stdout(self) -> bytes:
-    return b"".join(self.chunks[self.stdout_fd])
-
-  def stderr(self) -> bytes:
-    return b"".join(self.chunks[self.stderr_fd])
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-  try:
-    os.killpg(proc.pid, signal.SIGKILL)
-  except ProcessLookupError:
-    pass
-
-
-def _status_reports(data: bytes) -> list[dict]:
-  """The complete JSON documents bwrap wrote to --json-status-fd (one per line)."""
-  reports = []
-  for line in data.split(b"\n")[:-1]:
-    try:
-      reports.append(json.loads(line))
-    except ValueError:  # Not expected from bwrap; never worth failing a run over.
-      continue
-  return [r for r in reports if isinstance(r, dict)]
-
-
-def _parent_pid(pid: int) -> int | None:
-  try:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-      # The command name, in parentheses, may hold spaces: fields after its end are fixed.
-      return int(f.read().rsplit(b")", 1)[1].split()[1])
-  except (OSError, IndexError, ValueError):
-    return None
-
-
-def _kill_sandbox(proc: subprocess.Popen, reports: list[dict]) -> None:
-  """Kills a running sandbox and returns once every process in it is gone.
-
-  SIGKILL to the bwrap monitor alone would not do: its --die-with-parent signal to the
-  sandbox's PID 1 arrives asynchronously, so the run could return with processes still
-  alive. Killing PID 1 (the "child-pid" bwrap reported) makes the kernel kill and reap the
-  whole PID namespace before PID 1 itself exits; the monitor, which waits for PID 1, exits
-  only after that.
-  """
-  child_pids = [r["child-pid"] for r in reports if "child-pid" in r]
-  if child_pids and proc.poll() is None:
-    try:
-      # A pidfd pins one process; the parent check proves that process is this sandbox's
-      # PID 1, not an unrelated one that reused the pid after the monitor reaped PID 1.
-      pidfd = os.pidfd_open(child_pids[0])
-    except OSError:
-      pidfd = None
-    if pidfd is not None:
-      try:
-        if _parent_pid(child_pids[0]) == proc.pid:
-          signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-      finally:
-        os.close(pidfd)
-      try:
-        proc.wait(timeout=_KILL_GRACE_S)
-        return
-      except subprocess.TimeoutExpired:
-        pass
-  _kill_group(proc)
-  proc.wait()
-
-
-def _kill_marked(marker: bytes) -> None:
-  """Kills every process whose initial environment holds `marker` (weak mode's orphans).
-
-  Without a PID namespace, a program that calls setsid() leaves our process group; its
-  environment, inherited from the run, still names the run.
-  """
-  for entry in os.listdir("/proc"):
-    if not entry.isdigit():
-      continue
-    try:
-      with open(f"/proc/{entry}/environ", "rb") as f:
-        if marker in f.read().split(b"\0"):
-          os.kill(int(entry), signal.SIGKILL)
-    except (OSError, ProcessLookupError):
-      continue
-
-
-def _classify(returncode: int, stderr: bytes) -> tuple[str, int]:
-  """(status, exit_code) from bwrap's (or the program's) return code."""
-  if returncode < 0:  # Weak mode: Popen reports a signal as -N.
-    signum = -returncode
-  elif 128 < returncode <= 128 + 64:  # bwrap reports a signal as 128+N.
-    signum = returncode - 128
-  else:
-    signum = 0
-  tail = stderr[-4096:]
-  if signum:
-    if signum == signal.SIGXCPU:
-      return "timeout", -signum
-    if any(m in tail for m in _MEMORY_MARKERS):
-      return "memory", -signum
-    return "killed", -signum
-  if returncode == 0:
-    return "ok", 0
-  if any(m in tail for m in _MEMORY_MARKERS):
-    return "memory", returncode
-  return "runtime_error", returncode
-
-
-def _decode(data: bytes) -> str:
-  return data.decode("utf-8", errors="replace")
-
-
 def run(code: str, *, stdin: str | bytes = "", timeout_s: float = 5.0, memory_mb: int = 512,
         files: Mapping[str, str | bytes] | None = None, args: Sequence[str] = (),
         allow_weak: bool = False, max_output_bytes: int = 1 << 20, max_processes: int = 32,
@@ -465,7 +264,7 @@ def run(code: str, *, stdin: str | bytes = "", timeout_s: float = 5.0, memory_mb
                          max_open_files=max_open_files)
   program_argv = [python, "-B", "-s", PROGRAM_NAME, *args]
   files[PROGRAM_NAME] = code
-  stdin_bytes = _as_bytes(stdin)
+  stdin_bytes = as_bytes(stdin)
   bwrap = bwrap_path()
   if bwrap is None:
     if not allow_weak:
@@ -511,29 +310,12 @@ def _popen(argv: list[str], identity: _Identity, stdin_bytes: bytes, **kwargs):
       **kwargs).result()
 
 
-def _await_child_pid(status_fd: int, deadline: float) -> tuple[bytes, int | None]:
-  """Reads bwrap's JSON status until it names the sandbox's PID 1; returns what was read and
-  that pid (None if bwrap failed first, or at the deadline)."""
-  data = b""
-  with selectors.DefaultSelector() as selector:
-    selector.register(status_fd, selectors.EVENT_READ)
-    while (remaining := deadline - time.monotonic()) > 0:
-      if not selector.select(remaining):
-        continue
-      chunk = os.read(status_fd, _READ_CHUNK)
-      data += chunk
-      pids = [r["child-pid"] for r in _status_reports(data) if "child-pid" in r]
-      if pids or not chunk:
-        return data, (pids[0] if pids else None)
-  return data, None
-
-
 def _run_bwrap(bwrap: str, files: dict[str, str | bytes], program_argv: list[str],
                limits: list[str], identity: _Identity, stdin_bytes: bytes, timeout_s: float,
                max_output_bytes: int, workdir_mb: int, shm_mb: int, seccomp: bytes,
                cgroup: sandbox_cgroup.RunCgroup | None) -> RunResult:
-  file_fds = {name: _memfd(_as_bytes(content)) for name, content in files.items()}
-  seccomp_fd = _memfd(seccomp)
+  file_fds = {name: memfd(as_bytes(content)) for name, content in files.items()}
+  seccomp_fd = memfd(seccomp)
   status_read, status_write = os.pipe()
   # bwrap waits on block_read before it runs the program: time to move its PID 1 into the
   # run's cgroup, so that every process of the program is born there.
@@ -565,45 +347,33 @@ def _run_bwrap(bwrap: str, files: dict[str, str | bytes], program_argv: list[str
       os.close(fd)
   collector, status_so_far = None, b""
   try:
-    status_so_far, child_pid = _await_child_pid(status_read, start + timeout_s)
+    status_so_far, child_pid = await_child_pid(status_read, start + timeout_s)
     if child_pid is not None:  # Else bwrap failed, or the time is up: it never runs the program.
       if cgroup is not None:
         cgroup.attach(child_pid)
       os.close(block_write)
       block_write = None
-    collector = _Collector(proc, stdin_bytes, status_read, max_output_bytes, status_so_far)
+    collector = Collector(proc, stdin_bytes, status_read, max_output_bytes, status_so_far)
     out_of_memory = None if cgroup is None else (lambda: cgroup.oom_kills() > 0)
     stopped_by = collector.collect(start + timeout_s, out_of_memory)
-    if stopped_by is None:
-      try:
-        proc.wait(timeout=max(0.0, start + timeout_s - time.monotonic()))
-      except subprocess.TimeoutExpired:
-        stopped_by = "timeout"
   finally:
     if proc.returncode is None:
-      _kill_sandbox(proc, _status_reports(collector.extra if collector else status_so_far))
+      kill_sandbox(proc, status_reports(collector.extra if collector else status_so_far))
     if block_write is not None:
       os.close(block_write)
     os.close(status_read)
-    for stream in (proc.stdin, proc.stdout, proc.stderr):
-      if stream is not None:
-        stream.close()
+    close_pipes(proc)
   wall_s = time.monotonic() - start
-  stdout, stderr = collector.stdout(), collector.stderr()
-  reports = _status_reports(collector.extra)
+  reports = status_reports(collector.extra)
   if not any("child-pid" in r for r in reports):
     if stopped_by is not None:  # Killed during set-up (a tiny timeout): a plain timeout.
       return RunResult(stopped_by, None, "", "", wall_s)
     raise SandboxError(f"bwrap failed to start the sandbox (exit {proc.returncode}): "
-                       f"{_decode(stderr).strip()}")
-  if stopped_by is not None:
-    return RunResult(stopped_by, None, _decode(stdout), _decode(stderr), wall_s)
+                       f"{decode(collector.stderr()).strip()}")
   exit_codes = [r["exit-code"] for r in reports if "exit-code" in r]
   returncode = exit_codes[-1] if exit_codes else proc.returncode
-  status, exit_code = _classify(returncode, stderr)
-  if cgroup is not None and cgroup.oom_kills() > 0:
-    status = "memory"
-  return RunResult(status, exit_code, _decode(stdout), _decode(stderr), wall_s)
+  return _result(collector, stopped_by, returncode, wall_s,
+                 out_of_memory=cgroup is not None and cgroup.oom_kills() > 0)
 
 
 def _run_weak(files: dict[str, str | bytes], program_argv: list[str], limits: list[str],
@@ -616,7 +386,7 @@ def _run_weak(files: dict[str, str | bytes], program_argv: list[str], limits: li
       path = os.path.join(workdir, name)
       os.makedirs(os.path.dirname(path), exist_ok=True)
       with open(path, "wb") as f:
-        f.write(_as_bytes(content))
+        f.write(as_bytes(content))
     if identity.uid is not None:
       for root, dirs, names in os.walk(workdir):
         for entry in [root, *(os.path.join(root, n) for n in dirs + names)]:
@@ -625,25 +395,25 @@ def _run_weak(files: dict[str, str | bytes], program_argv: list[str], limits: li
     start = time.monotonic()
     proc = _popen([*limits, *program_argv], identity, stdin_bytes, env=env, cwd=workdir)
     try:
-      collector = _Collector(proc, stdin_bytes, None, max_output_bytes)
+      collector = Collector(proc, stdin_bytes, None, max_output_bytes)
       stopped_by = collector.collect(start + timeout_s)
-      if stopped_by is None:
-        try:
-          proc.wait(timeout=max(0.0, start + timeout_s - time.monotonic()))
-        except subprocess.TimeoutExpired:
-          stopped_by = "timeout"
     finally:
-      _kill_group(proc)
+      kill_group(proc)
       proc.wait()
-      _kill_marked(f"SEEDRL_SANDBOX_RUN={run_id}".encode())
-      for stream in (proc.stdin, proc.stdout, proc.stderr):
-        if stream is not None:
-          stream.close()
+      kill_marked(f"SEEDRL_SANDBOX_RUN={run_id}".encode())
+      close_pipes(proc)
     wall_s = time.monotonic() - start
   finally:
     shutil.rmtree(workdir, ignore_errors=True)
-  stdout, stderr = collector.stdout(), collector.stderr()
+  return _result(collector, stopped_by, proc.returncode, wall_s)
+
+
+def _result(collector: Collector, stopped_by: str | None, returncode: int, wall_s: float, *,
+            out_of_memory: bool = False) -> RunResult:
+  """The RunResult of a run whose program started: the limit that stopped it, else how it
+  exited ("memory" when `out_of_memory`: the kernel OOM-killed a process of the run)."""
+  stdout, stderr = decode(collector.stdout()), decode(collector.stderr())
   if stopped_by is not None:
-    return RunResult(stopped_by, None, _decode(stdout), _decode(stderr), wall_s)
-  status, exit_code = _classify(proc.returncode, stderr)
-  return RunResult(status, exit_code, _decode(stdout), _decode(stderr), wall_s)
+    return RunResult(stopped_by, None, stdout, stderr, wall_s)
+  status, exit_code = classify(returncode, collector.stderr())
+  return RunResult("memory" if out_of_memory else status, exit_code, stdout, stderr, wall_s)

@@ -19,15 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rl.tool_use import calls
 from rl.tool_use.calls import ToolContext, ToolFailure, register_tool
-
-ANSWER_LINE = re.compile(r"Answer:\s*(.+)")
-
 
 @dataclasses.dataclass(frozen=True)
 class Environment:
@@ -76,12 +72,6 @@ def messages(entry: Mapping[str, Any]) -> list[dict[str, str]]:
 
 def encode_prompt(entry: Mapping[str, Any], tokenizer) -> list[int]:
   return list(tokenizer.apply_chat_template(messages(entry), add_generation_prompt=True))
-
-
-def final_answer(text: str) -> str | None:
-  """The last `Answer:` line's value, or None."""
-  found = ANSWER_LINE.findall(text)
-  return found[-1].strip() if found else None
 
 
 def demonstration(entry: Mapping[str, Any]) -> list[str]:

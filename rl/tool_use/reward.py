@@ -1,9 +1,10 @@
 """Rewards and metrics of tool-use episodes, per environment.
 
 The reward of an episode is its environment's verifier applied to the final answer (the last
-`Answer:` line of its last assistant turn), optionally mixed with a rubric-based generative
-judge: reward = (1 - w) * verified + w * P(YES | rubric, task, transcript), where the judge is a
-`rl.rewards.genrm.GenerativeRM` asked whether the transcript meets the environment's rubric.
+`Answer:` line of its last assistant turn, read by `rl.rewards.extract.answer_line`), optionally
+mixed with a rubric-based generative judge: reward = (1 - w) * verified + w * P(YES | rubric,
+task, transcript), where the judge is a `rl.rewards.genrm.GenerativeRM` asked whether the
+transcript meets the environment's rubric.
 `acc` stays the verifier's 0/1 result (dynamic sampling and success rates read it).
 
 Metrics per environment: success (verifier), turns, tool calls and tool errors per episode, the
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from rl.rewards import extract
 from rl.tool_use import environments
 
 RUBRIC_QUESTION = "Does the transcript satisfy the rubric? Answer YES or NO."
@@ -58,7 +60,7 @@ def score_episodes(traj, entries: Sequence[Mapping[str, Any]], tokenizer, *, jud
   mask = np.asarray(traj.response_mask).astype(bool)
   acc = np.zeros(len(entries), np.float32)
   for i, entry in enumerate(entries):
-    answer = environments.final_answer(last_turn_text(tokens[i], mask[i], tokenizer))
+    answer = extract.answer_line(last_turn_text(tokens[i], mask[i], tokenizer))
     if answer is not None:
       acc[i] = environments.get(entry["env"]).verify(entry["env_task"], answer)
   judged = np.zeros(len(entries), np.float32)

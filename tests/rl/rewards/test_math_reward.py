@@ -18,7 +18,9 @@ import pytest
 
 from launch import bench_math_reward
 from rl import data
+from rl.rewards import extract
 from rl.rewards import math as math_reward
+from rl.rewards import math_answer
 
 EVAL_DIR = Path(data.EVAL_DIR)
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -142,7 +144,7 @@ def _wrong_sign(gold: str) -> str | None:
 def _wrong_interval_end(gold: str) -> str | None:
   """Flips the bracket of a finite endpoint of an unambiguous interval answer (one that uses
   \\infty, \\cup or a square bracket; "(a,b)" alone may be an ordered pair)."""
-  normalized = math_reward.normalize_answer(gold)
+  normalized = math_answer.normalize_answer(gold)
   if not re.search(r"\\infty|\\cup|\[|\]", normalized):
     return None
   flip = {"(": "[", "[": "(", ")": "]", "]": ")"}
@@ -344,9 +346,9 @@ def test_no_answer_scores_wrong():
     ("x-3 equals", "3"),
     ("no digits here", None),
 ])
-def test_extract_answer(response, expected):
+def test_math_answer(response, expected):
   """Extraction order: last complete box, last Answer line, answer phrase, last number."""
-  assert math_reward.extract_answer(response) == expected
+  assert extract.math_answer(response) == expected
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -360,7 +362,7 @@ def test_extract_answer(response, expected):
 ])
 def test_normalize_answer(raw, expected):
   """Units, text, separators, leading zeros and LaTeX variants normalise as documented."""
-  assert math_reward.normalize_answer(raw) == expected
+  assert math_answer.normalize_answer(raw) == expected
 
 
 # ----------------------------------------------------------------------------- Isolation, speed

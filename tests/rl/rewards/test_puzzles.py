@@ -1,4 +1,5 @@
-"""Tests for the puzzle tasks (rl/rewards/puzzles.py): generators, our verifiers, their safety.
+"""Tests for the puzzle tasks (rl/rewards/puzzles.py, puzzle_verifiers.py): generators, our
+verifiers, their safety.
 
 Where reasoning-gym's own scorer rewards a wrong answer, the test calls that scorer on the answer
 to show it does (it is never called on malicious text: several of them eval() their input), then
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import reasoning_gym
 
-from rl.rewards import puzzles
+from rl.rewards import extract, puzzle_verifiers, puzzles
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 REQUIRED_TASKS = ("arithmetic", "puzzle24", "countdown", "maze", "sudoku", "knights_knaves",
@@ -124,7 +125,7 @@ def test_addition_level_sets_the_operand_digits():
 def test_knights_knaves_solution_is_unique_under_our_own_evaluation():
   """Each knights_knaves entry has exactly one consistent assignment, and it is the gold."""
   for entry in _entries("knights_knaves", 3, size=5):
-    assert puzzles.knights_knaves_solutions(entry["statements"]) == [tuple(entry["solution"])]
+    assert puzzle_verifiers.knights_knaves_solutions(entry["statements"]) == [tuple(entry["solution"])]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,10 +328,10 @@ def test_expression_evaluator_rejects_before_evaluating():
   """evaluate_expression returns None for powers and calls without computing them."""
   start = time.perf_counter()
   for text in ("9**9**9", "10**10**10", "abs(-24)", "(24).real", "24 if 1 else 0", "[24][0]"):
-    assert puzzles.evaluate_expression(text) is None
+    assert puzzle_verifiers.evaluate_expression(text) is None
   assert time.perf_counter() - start < 0.1
-  assert puzzles.evaluate_expression("1/0") is None
-  assert puzzles.evaluate_expression("8/(3-8/3)").value == 24
+  assert puzzle_verifiers.evaluate_expression("1/0") is None
+  assert puzzle_verifiers.evaluate_expression("8/(3-8/3)").value == 24
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,9 +347,9 @@ def test_expression_evaluator_rejects_before_evaluating():
     ("  42\n", "42"),
     ("\\boxed {3} then \\fbox{4}", "4"),  # the math reward's box reader
 ])
-def test_extract_answer(response, expected):
+def test_puzzle_answer(response, expected):
   """Last complete \\boxed{}, else after the last "Answer:", else the whole response, stripped."""
-  assert puzzles.extract_answer(response) == expected
+  assert extract.puzzle_answer(response) == expected
 
 
 def test_carry_slips_forget_carries_only_where_there_are_some():
