@@ -54,10 +54,10 @@ def main(argv):
   if _TOPOLOGY.value and not _DRY_RUN.value:
     raise app.UsageError("--topology compiles ahead of time: use it with --dry_run")
   if _DRY_RUN.value:
-    from launch import dry_run
+    from launch import aot, dry_run
     if _TOPOLOGY.value:
       r = dry_run.report(config, compile_step=True,
-                         devices=dry_run.topology_devices(_TOPOLOGY.value))
+                         devices=aot.topology_devices(_TOPOLOGY.value))
     else:
       r = dry_run.report(config)
     print("\n".join(dry_run.format_report(r)))
