@@ -45,8 +45,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from launch import cli, rollout_peers  # noqa: E402
 from models import cache as cache_lib  # noqa: E402
-from launch import rollout_peers  # noqa: E402
 from models import hf  # noqa: E402
 from models.transformer import build, param_counts  # noqa: E402
 from rl import rollout, sampling  # noqa: E402
@@ -349,8 +349,7 @@ def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cli.no_arguments(argv)
   batches = [int(b) for b in _BATCHES.value]
   if _HF_DIR.value:
     if flags.FLAGS["model"].present:
