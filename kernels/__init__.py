@@ -40,7 +40,7 @@ _target_platform: str | None = None
 @contextlib.contextmanager
 def target_platform(platform: str | None):
   """Resolve "auto" as on `platform` ("cpu", "gpu", "tpu") while tracing inside this block:
-  how a CPU host compiles a program for a TPU topology ahead of time (launch/dry_run.py)."""
+  how a CPU host compiles a program for a TPU topology ahead of time (launch/aot.py)."""
   global _target_platform
   previous, _target_platform = _target_platform, platform
   try:

@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
+from launch import cli  # noqa: E402
 from rl.rewards import math as math_reward  # noqa: E402
 from rl.rewards import math_answer  # noqa: E402
 
@@ -80,8 +81,7 @@ def run_benchmark(eval_dir: str, *, num_workers: int, timeout_s: float) -> list[
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cli.no_arguments(argv)
   for line in run_benchmark(_EVAL_DIR.value, num_workers=_NUM_WORKERS.value,
                             timeout_s=_TIMEOUT_S.value):
     print(line)

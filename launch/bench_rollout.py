@@ -16,23 +16,23 @@ its valid tokens, mean context P + M/2) and what this engine reads (the whole fi
 the fraction is small; it is meaningful for real model sizes.
 
 Side-by-side mode (--hf_dir): seedrl (models.hf.load_pretrained + the rollout engine) and each
-system of --compare (HF transformers `generate`; vLLM and Tunix when importable) decode the same
-random prompts (ids in [1, vocab) from --seed; 0 is the pad id) at each --batches size, stop
-ids off so every row yields exactly --response_len tokens. Per system and batch: tok/s = B*M /
-median wall time of --repeats calls after a warm-up call (prefill included); TTFT = median wall
-time of the same call with one new token (prefill of the batch + its first token; for seedrl an
-engine run with response_len=1); compile = the warm-up call's wall time (jit compilation for the
-JAX systems); fraction of bound = (tok/s / B) / (copy bandwidth / weight bytes), i.e. decode
-steps/s against the weight-read bound (KV reads ignored, so at large batches the true bound is
-lower); with --greedy, agreement = fraction of rows x positions equal to seedrl's tokens and the
-mean position where a row first differs. A markdown table for docs/performance.md ends the run.
+system of --compare (HF transformers `generate`; vLLM and Tunix when importable; their runners
+are in launch/rollout_peers.py) decode the same random prompts (ids in [1, vocab) from --seed; 0
+is the pad id) at each --batches size, stop ids off so every row yields exactly --response_len
+tokens. Per system and batch: tok/s = B*M / median wall time of --repeats calls after a warm-up
+call (prefill included); TTFT = median wall time of the same call with one new token (prefill of
+the batch + its first token; for seedrl an engine run with response_len=1); compile = the
+warm-up call's wall time (jit compilation for the JAX systems); fraction of bound = (tok/s / B)
+/ (copy bandwidth / weight bytes), i.e. decode steps/s against the weight-read bound (KV reads
+ignored, so at large batches the true bound is lower); with --greedy, agreement = fraction of
+rows x positions equal to seedrl's tokens and the mean position where a row first differs. A
+markdown table for docs/performance.md ends the run.
 """
 
 from __future__ import annotations
 
 import datetime
 import importlib.metadata
-import importlib.util
 import os
 import sys
 import time
@@ -45,11 +45,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from launch import cli, rollout_peers  # noqa: E402
 from models import cache as cache_lib  # noqa: E402
 from models import hf  # noqa: E402
-from models.config import ModelConfig  # noqa: E402
 from models.transformer import build, param_counts  # noqa: E402
-from rl.rollout import engine as rollout, sampling  # noqa: E402
+from rl.rollout import engine as rollout_lib, sampling  # noqa: E402
 
 _MODEL = flags.DEFINE_string("model", "tiny_dense", "Model preset (models/config.py).")
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "A Hugging Face model directory (config.json + "
@@ -66,8 +66,6 @@ _COMPARE = flags.DEFINE_list("compare", [], "With --hf_dir: other systems on the
                              "checkpoint, of hf, vllm, tunix (vllm / tunix only if installed).")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "With --hf_dir: parameter dtype, every system.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the random prompt ids.")
-
-COMPARED = ("hf", "vllm", "tunix")
 
 
 # ------------------------------------------------------------------------------ Measuring
@@ -125,8 +123,9 @@ def weight_bytes_per_step(model, batch: int) -> int:
   return int((counts["total"] - all_experts + cfg.n_moe_layers * hit * per_expert) * itemsize)
 
 
-# -------------------------------------------------------------------------------- Systems
-# Each system: `name` and generate(prompt_ids [B, P] int32, new_tokens M) -> tokens [B, M].
+# ------------------------------------------------------------------------------- seedrl
+# A system: `name` and generate(prompt_ids [B, P] int32, new_tokens M) -> tokens [B, M]; the
+# others compared with this one are in launch/rollout_peers.py.
 
 class SeedRLEngine:
   """seedrl's rollout engine (rl.rollout.engine.run_engine) on full-width prompts, stop ids off."""
@@ -135,14 +134,14 @@ class SeedRLEngine:
 
   def __init__(self, model, greedy: bool):
     self.graphdef, self.state = nnx.split(model)
-    self.cfg = rollout.RolloutConfig(greedy=greedy, temperature=1.0)
+    self.cfg = rollout_lib.RolloutConfig(greedy=greedy, temperature=1.0)
     self.rng = jax.random.key(0)
 
   def run(self, prompt_ids: np.ndarray, new_tokens: int) -> dict:
     """The engine's output dict (tokens [B, P+M], new_count, decode_steps, ...)."""
     batch, prompt_len = prompt_ids.shape
     cfg = self.cfg.replace(max_new_tokens=new_tokens, max_prompt_len=prompt_len)
-    out = rollout.run_engine(self.graphdef, self.state, prompt_ids,
+    out = rollout_lib.run_engine(self.graphdef, self.state, prompt_ids,
                              np.full((batch,), prompt_len, np.int32), self.rng, cfg)
     return jax.block_until_ready(out)
 
@@ -150,124 +149,9 @@ class SeedRLEngine:
     return np.asarray(self.run(prompt_ids, new_tokens)["tokens"])[:, prompt_ids.shape[1]:]
 
 
-class HFGenerate:
-  """HF transformers `generate` (torch), every row exactly M tokens."""
-
-  name = "hf"
-
-  def __init__(self, hf_dir: str, dtype: str, greedy: bool):
-    import torch
-    import transformers
-    self.torch = torch
-    self.model = transformers.AutoModelForCausalLM.from_pretrained(
-        hf_dir, dtype=getattr(torch, dtype)).eval()
-    # A directory's generation_config.json (sampling defaults, EOS ids, repetition penalty)
-    # would change the decoding rule: start from a blank one and set everything per call.
-    self.model.generation_config = transformers.GenerationConfig()
-    self.options = dict(do_sample=not greedy, eos_token_id=None, pad_token_id=0)
-    if not greedy:
-      self.options.update(temperature=1.0, top_k=0, top_p=1.0)
-
-  def generate(self, prompt_ids: np.ndarray, new_tokens: int) -> np.ndarray:
-    ids = self.torch.from_numpy(prompt_ids.astype(np.int64))
-    with self.torch.no_grad():
-      out = self.model.generate(ids, attention_mask=self.torch.ones_like(ids),
-                                max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                **self.options)
-    return out[:, prompt_ids.shape[1]:].numpy()
-
-
-class VLLMGenerate:
-  """vLLM's offline LLM on token ids (no tokenizer), EOS ignored."""
-
-  name = "vllm"
-
-  def __init__(self, hf_dir: str, dtype: str, greedy: bool, max_len: int):
-    import vllm
-    self.vllm = vllm
-    self.greedy = greedy
-    # generation_config="vllm": ignore the directory's sampling defaults, as for HF above.
-    self.llm = vllm.LLM(model=hf_dir, dtype=dtype, skip_tokenizer_init=True,
-                        max_model_len=max_len, seed=0, generation_config="vllm")
-
-  def generate(self, prompt_ids: np.ndarray, new_tokens: int) -> np.ndarray:
-    params = self.vllm.SamplingParams(temperature=0.0 if self.greedy else 1.0, top_p=1.0,
-                                      max_tokens=new_tokens, min_tokens=new_tokens,
-                                      ignore_eos=True, detokenize=False)
-    outs = self.llm.generate([{"prompt_token_ids": row.tolist()} for row in prompt_ids],
-                             params, use_tqdm=False)
-    return np.array([o.outputs[0].token_ids for o in outs], np.int32)
-
-
-class _IdsAsText:
-  """Tunix's sampler takes strings: a prompt is its ids as decimal text. No bos; pad 0 (prompt
-  ids are >= 1); eos -1, which is never generated (stop ids off)."""
-
-  def encode(self, text: str, **_) -> list[int]:
-    return [int(t) for t in text.split()]
-
-  def decode(self, ids, **_) -> str:
-    return " ".join(str(int(i)) for i in ids)
-
-  def bos_id(self):
-    return None
-
-  def eos_id(self) -> int:
-    return -1
-
-  def pad_id(self) -> int:
-    return 0
-
-
-class TunixGenerate:
-  """Tunix's Qwen2 model and vanilla sampler, loaded from the same safetensors."""
-
-  name = "tunix"
-
-  def __init__(self, hf_dir: str, cfg: ModelConfig, greedy: bool, max_len: int):
-    from tunix.generate import sampler as sampler_lib
-    from tunix.models.qwen2 import model as qwen2_model
-    from tunix.models.qwen2 import params as qwen2_params
-    dtype = jnp.dtype(cfg.param_dtype)
-    config = qwen2_model.ModelConfig(
-        num_layers=cfg.n_layers, vocab_size=cfg.vocab_size, embed_dim=cfg.d_model,
-        hidden_dim=cfg.mlp_dim, num_heads=cfg.n_heads, head_dim=cfg.gqa_head_dim,
-        num_kv_heads=cfg.kv_heads, rope_theta=int(cfg.rope_theta), norm_eps=cfg.rms_norm_eps,
-        use_tied_embedding=cfg.tie_embeddings, dtype=dtype, param_dtype=dtype)
-    model = qwen2_params.create_model_from_safe_tensors(hf_dir, config, dtype=dtype)
-    cache = sampler_lib.CacheConfig(cache_size=max_len, num_layers=cfg.n_layers,
-                                    num_kv_heads=cfg.kv_heads, head_dim=cfg.gqa_head_dim)
-    self.sampler = sampler_lib.Sampler(model, _IdsAsText(), cache)
-    self.sampling = dict(temperature=0.0) if greedy else dict(temperature=1.0, top_p=1.0)
-
-  def generate(self, prompt_ids: np.ndarray, new_tokens: int) -> np.ndarray:
-    out = self.sampler([" ".join(map(str, row)) for row in prompt_ids],
-                       max_generation_steps=new_tokens, max_prompt_length=prompt_ids.shape[1],
-                       eos_tokens=[-1], seed=0, **self.sampling)
-    return np.stack([np.asarray(t) for t in out.tokens]).astype(np.int32)
-
-
-def make_system(name: str, hf_dir: str, cfg: ModelConfig, *, greedy: bool, max_len: int,
-                log=print):
-  """The system called `name` on `hf_dir`, or None (with one line through `log`) when it is an
-  optional extra that is not installed or cannot load this checkpoint."""
-  if name in ("vllm", "tunix") and importlib.util.find_spec(name) is None:
-    log(f"{name}: not installed (an optional extra, not a requirement); skipped")
-    return None
-  dtype = jnp.dtype(cfg.param_dtype).name
-  if name == "hf":
-    return HFGenerate(hf_dir, dtype, greedy)
-  if name == "vllm":
-    return VLLMGenerate(hf_dir, dtype, greedy, max_len)
-  if hf.family_of(cfg) != "qwen2":
-    log(f"tunix: only qwen2 checkpoints are wired here (this is {hf.family_of(cfg)}); skipped")
-    return None
-  return TunixGenerate(hf_dir, cfg, greedy, max_len)
-
-
 # ---------------------------------------------------------------------------- Preset mode
 
-def naive_decode_fn(graphdef, new_tokens: int, cfg: rollout.RolloutConfig):
+def naive_decode_fn(graphdef, new_tokens: int, cfg: rollout_lib.RolloutConfig):
   """Decoding without a cache: each step runs the full forward over the whole [B, P+M] buffer
   and samples from the logits at each row's last position (same RNG streams as the engine)."""
 
@@ -413,17 +297,18 @@ def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
   decoding, agreement and first_divergence against seedrl; logs progress, then the header lines
   and the markdown table.
   """
-  unknown = sorted(set(compare) - set(COMPARED))
+  unknown = sorted(set(compare) - set(rollout_peers.COMPARED))
   if unknown:
-    raise ValueError(f"--compare: unknown systems {unknown}; choose from {COMPARED}")
+    raise ValueError(f"--compare: unknown systems {unknown}; choose from "
+                     f"{rollout_peers.COMPARED}")
   start = time.perf_counter()
   model = hf.load_pretrained(hf_dir, dtype=dtype)
   load_s = {"seedrl": time.perf_counter() - start}
   systems = [SeedRLEngine(model, greedy)]
   for name in compare:
     start = time.perf_counter()
-    system = make_system(name, hf_dir, model.cfg, greedy=greedy,
-                         max_len=prompt_len + response_len, log=log)
+    system = rollout_peers.make_system(name, hf_dir, model.cfg, greedy=greedy,
+                                       max_len=prompt_len + response_len, log=log)
     if system is not None:
       systems.append(system)
       load_s[name] = time.perf_counter() - start
@@ -464,8 +349,7 @@ def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cli.no_arguments(argv)
   batches = [int(b) for b in _BATCHES.value]
   if _HF_DIR.value:
     if flags.FLAGS["model"].present:

@@ -11,14 +11,14 @@ devices (or `--topology` names a TPU slice: libtpu compiles for it ahead of time
 update (rl/core/train_step.py) and the rollout engine (rl/rollout/engine.py) are also compiled for it and the
 compiler's per-device memory, FLOPs and bytes are reported, with the chip's HBM and the roofline
 bound they imply; otherwise the activation memory is an analytic estimate, labelled as such (see
-models/memory.py `activation_bytes_per_token`).
+models/memory.py `activation_bytes_per_token`). The compiling itself is launch/aot.py's; this
+module builds the abstract state it compiles and prints the report. `verify_plans` runs the report
+for the planner's best plans (launch/plan.py --topology).
 """
 
 from __future__ import annotations
 
 import math
-import re
-import time
 from typing import Any
 
 import jax
@@ -27,14 +27,12 @@ import ml_collections
 from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
-import kernels
 from configs import common
+from launch import aot
 from models import cache as cache_lib
 from models import memory
 from models import planner
-from models import remat as remat_lib
 from models import sharding as sharding_lib
-from models.padding import round_up
 from models.config import ModelConfig
 from rl.parallel import placement as placement_lib
 from rl.core import train_step as ts
@@ -125,90 +123,6 @@ def _critic_bytes(cfg: ModelConfig, optimizer, mesh) -> int:
   return 3 * memory.tree_bytes(params, shardings) + memory.tree_bytes(opt_state, opt_shardings)
 
 
-# XLA:TPU's refusal, e.g. "the total memory required for HLO temporaries (37.34G) exceeds
-# available HBM (31.25G)" (binary units).
-_HBM_OVERFLOW = re.compile(r"HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM "
-                           r"\(([\d.]+)([KMGT])\)")
-
-
-def _analysis(lowered, platform: str) -> dict[str, float]:
-  """Compiles `lowered` and reads the compiler's per-device figures: memory (arguments,
-  outputs, aliased, temporaries, peak), FLOPs and bytes accessed (`cost_analysis`), and the
-  compile time. When the compiler refuses the program for overflowing HBM, "peak" and "temp"
-  are the temporaries it said it needed and "overflow" the HBM it had."""
-  # XLA:CPU would otherwise undo the rematerialisation (models/remat.py).
-  options = remat_lib.CPU_KEEP_REMAT if platform == "cpu" else None
-  start = time.perf_counter()
-  try:
-    compiled = lowered.compile(compiler_options=options)
-  except jax.errors.JaxRuntimeError as e:
-    overflow = _HBM_OVERFLOW.search(str(e))
-    if overflow is None:
-      raise
-    # The TPU compiler refuses a program that overflows HBM; what it needed is the figure.
-    need, have = (float(overflow[i]) * 1024 ** "KMGT".index(overflow[i + 1]) * 1024
-                  for i in (1, 3))
-    return {"argument": 0, "output": 0, "alias": 0, "temp": int(need), "peak": int(need),
-            "flops": 0.0, "bytes_accessed": 0.0, "overflow": int(have),
-            "compile_seconds": time.perf_counter() - start}
-  seconds = time.perf_counter() - start
-  analysis = compiled.memory_analysis()
-  fields = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
-            "temp_size_in_bytes")
-  out = {f.replace("_size_in_bytes", ""): int(getattr(analysis, f)) for f in fields}
-  out["peak"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
-  cost = compiled.cost_analysis()
-  cost = (cost[0] if isinstance(cost, (list, tuple)) else cost) or {}
-  out["flops"] = float(cost.get("flops", 0.0))
-  out["bytes_accessed"] = float(cost.get("bytes accessed", 0.0))
-  out["compile_seconds"] = seconds
-  return out
-
-
-def _compiled_update(config, mesh, graphdef, state, rest_values, state_shardings, optimizer,
-                     batch, batch_shardings) -> dict[str, float]:
-  """The policy update (rl/core/train_step.py) compiled for `mesh`: `_analysis` per device."""
-  update = ts.make_update(
-      ts.policy_objective, graphdef, optimizer,
-      micro_batches=config.train.micro_batches, rl=config.rl.to_dict(),
-      state_sharding=state_shardings, batch_sharding=batch_shardings,
-      offload_optimizer=bool(config.optim.offload_state),
-      temperature=max(config.rollout.temperature, 1e-6), max_len=config.rollout.max_new_tokens)
-  full_batch = {k: jax.ShapeDtypeStruct((v.shape[0] * config.train.micro_batches, *v.shape[1:]),
-                                        v.dtype) for k, v in batch.items()}
-  platform = mesh.devices.flat[0].platform
-  with jax.set_mesh(mesh), kernels.target_platform(platform):
-    return _analysis(update.lower(state, rest_values, full_batch), platform)
-
-
-def rollout_shape(config, prompt_len: int) -> dict[str, int]:
-  """The rollout engine call the dry run compiles: one step's prompts x samples, each a prompt
-  (rounded up to the bucket) plus all of max_new_tokens; with streaming rollouts
-  (rl/rollout/streaming.py) the last round of a longest sequence: everything but round_tokens already
-  in the context, round_tokens more."""
-  r = config.rollout
-  sequences = config.train.prompts_per_step * config.train.samples_per_prompt
-  if r.streaming.enabled:
-    round_tokens = min(r.streaming.round_tokens, r.max_new_tokens)
-    context = round_up(prompt_len + r.max_new_tokens - round_tokens, r.prompt_bucket)
-    return dict(sequences=sequences, prompt_width=context, new_tokens=round_tokens)
-  return dict(sequences=sequences, prompt_width=round_up(prompt_len, r.prompt_bucket),
-              new_tokens=r.max_new_tokens)
-
-
-def _compiled_rollout(config, mesh, graphdef, model_state, shape: dict[str, int]
-                      ) -> dict[str, float]:
-  """The rollout engine (rl/rollout/engine.py: prefill, then the decode loop) for `rollout_shape`,
-  compiled for `mesh`: `_analysis` per device."""
-  from rl.rollout import engine as rollout_lib
-  cfg = rollout_lib.run_rollout_config(config)
-  platform = mesh.devices.flat[0].platform
-  with jax.set_mesh(mesh), kernels.target_platform(platform):
-    lowered = rollout_lib.lower_engine(graphdef, model_state, cfg, **shape,
-                                       mesh=mesh if mesh.size > 1 else None)
-    return _analysis(lowered, platform)
-
-
 def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
            compile_step: bool | None = None, devices: list | None = None,
            compile_rollout: bool = True) -> dict[str, Any]:
@@ -216,7 +130,7 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
 
   `compile_step`: None compiles the update when the mesh fits on the devices; False never
   compiles (analytic estimate only); True requires it. `devices`: what to compile for
-  (default: the local devices); e.g. a TPU topology's devices (`topology_devices`) to compile
+  (default: the local devices); e.g. a TPU topology's devices (`aot.topology_devices`) to compile
   ahead of time for a slice this host does not have, with "auto" kernels taken as that
   platform takes them. `compile_rollout`: when the update compiles, the rollout engine compiles
   too (its per-device memory, FLOPs and bytes beside the update's).
@@ -331,25 +245,14 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
         for x, sh in zip(leaves, jax.tree.leaves(param_shardings), strict=True)])
     state = ts.TrainState(param_values, opt_state, jax.ShapeDtypeStruct((), jnp.int32))
     state_shardings = ts.TrainState(param_shardings, opt_shardings, replicated_sharding)
-    out["compiled"] = _compiled_update(config, mesh, graphdef, state, rest_values,
-                                       state_shardings, optimizer, batch, batch_shardings)
+    out["compiled"] = aot.compile_update(config, mesh, graphdef, state, rest_values,
+                                          state_shardings, optimizer, batch, batch_shardings)
     if compile_rollout:
-      out["rollout_shape"] = rollout_shape(config, prompt_len)
-      out["compiled_rollout"] = _compiled_rollout(
+      out["rollout_shape"] = aot.rollout_shape(config, prompt_len)
+      out["compiled_rollout"] = aot.compile_rollout(
           config, mesh, graphdef, nnx.merge_state(param_values, rest_values),
           out["rollout_shape"])
   return out
-
-
-def topology_devices(name: str) -> list:
-  """The devices of a TPU topology such as "v5p:2x2x1" or "v5e:4x4", for ahead-of-time
-  compiles on any host (needs libtpu: `bash launch/setup.sh --compilers`)."""
-  import importlib.util
-  if importlib.util.find_spec("libtpu") is None:
-    raise ValueError(f"--topology={name}: libtpu is not installed "
-                     "(bash launch/setup.sh --compilers)")
-  from jax.experimental import topologies
-  return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
 
 
 def _gib(n: float) -> str:
@@ -358,12 +261,6 @@ def _gib(n: float) -> str:
 
 def _count(n: int) -> str:
   return f"{n / 1e9:.3f}B" if n >= 1e9 else f"{n / 1e6:.3f}M"
-
-
-def roofline_seconds(c: dict[str, float], device) -> float:
-  """The step-time lower bound the compiler's per-device FLOPs and bytes imply on `device`
-  (a planner.DeviceSpec): max(FLOPs / peak bf16 rate, bytes / HBM bandwidth)."""
-  return max(c["flops"] / device.peak_bf16_flops, c["bytes_accessed"] / device.hbm_bandwidth)
 
 
 def _compiled_lines(label: str, what: str, c: dict[str, float], r: dict[str, Any], *, per: str,
@@ -387,7 +284,7 @@ def _compiled_lines(label: str, what: str, c: dict[str, float], r: dict[str, Any
       f"per device {per} (cost analysis: XLA counts a loop body once), compiled in "
       f"{c['compile_seconds']:.1f} s"]
   if device is not None and trips and (c["flops"] or c["bytes_accessed"]):
-    lines.append(f"{'':<11} roofline ~{trips * roofline_seconds(c, device):.3g} s per "
+    lines.append(f"{'':<11} roofline ~{trips * aot.roofline_seconds(c, device):.3g} s per "
                  f"optimiser step on {device.name} ({trips} x the above; compiled, not run)")
   return lines
 

@@ -27,12 +27,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from flax import nnx  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from configs import common  # noqa: E402
-from launch import logs  # noqa: E402
+from launch import cli, logs  # noqa: E402
 from models import hf  # noqa: E402
 from models.tokenizer import load_tokenizer  # noqa: E402
 from rl.jobs import evaluation  # noqa: E402
@@ -276,8 +276,7 @@ def run() -> dict:
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cli.no_arguments(argv)
   run()
 
 

@@ -57,8 +57,8 @@ def main(argv):
   cfg = common.model_config(config)
   topology = None
   if _TOPOLOGY.value:
-    from launch import dry_run
-    topology = dry_run.topology_devices(_TOPOLOGY.value)
+    from launch import aot, dry_run
+    topology = aot.topology_devices(_TOPOLOGY.value)
     device, devices = planner.spec_of(topology[0]), len(topology)
   else:
     device = planner.device_kind(_DEVICE_KIND.value)

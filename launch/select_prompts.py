@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from launch import logs  # noqa: E402
+from launch import cli, logs  # noqa: E402
 from rl.data.select import RULES, sample_and_select  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config that built the checkpoint's "
@@ -57,8 +57,7 @@ _AUDIT_THRESHOLD = flags.DEFINE_float("audit_threshold", 0.8, "--rule=audit: the
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cli.no_arguments(argv)
   for name, value in (("config", _CONFIG.value), ("checkpoint", _CHECKPOINT.value),
                       ("out", _OUT.value)):
     if not value:

@@ -28,7 +28,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from configs import common  # noqa: E402
-from launch import logs  # noqa: E402
+from launch import cli, logs  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:arg]).",
                                           lock_config=True)
@@ -45,19 +45,15 @@ _TOPOLOGY = flags.DEFINE_string(
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = _CONFIG.value
-  if config is None:
-    raise app.UsageError("--config=configs/<name>.py is required")
-  common.validate(config)
+  cli.no_arguments(argv)
+  config = cli.checked_config(_CONFIG.value)
   if _TOPOLOGY.value and not _DRY_RUN.value:
     raise app.UsageError("--topology compiles ahead of time: use it with --dry_run")
   if _DRY_RUN.value:
-    from launch import dry_run
+    from launch import aot, dry_run
     if _TOPOLOGY.value:
       r = dry_run.report(config, compile_step=True,
-                         devices=dry_run.topology_devices(_TOPOLOGY.value))
+                         devices=aot.topology_devices(_TOPOLOGY.value))
     else:
       r = dry_run.report(config)
     print("\n".join(dry_run.format_report(r)))
@@ -67,8 +63,8 @@ def main(argv):
   from rl.parallel import distributed
   distributed.initialize_from_env()
   # Remote paths (gs://...) stay as they are; a relative local one is made absolute.
-  workdir = checkpoint.workdir_path(_WORKDIR.value or os.path.join(
-      "workdir", os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]))
+  workdir = checkpoint.workdir_path(_WORKDIR.value or os.path.join("workdir",
+                                                                    cli.config_name()))
   logging.info("workdir: %s", workdir)
   from rl.jobs import sft_then_rl
   try:

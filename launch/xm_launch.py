@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from configs import common  # noqa: E402
+from launch import cli  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JAX_VERSION = "0.10.2"
@@ -115,10 +115,7 @@ def main(argv):
         "launch/xm_launch.py needs XManager on the launching machine (pip install xmanager); it "
         "is not a dependency of this project. Without it, launch/gke/ has JobSet manifests for "
         "kubectl.") from None
-  config = _CONFIG.value
-  if config is None:
-    raise app.UsageError("--config=configs/<name>.py is required")
-  common.validate(config)
+  cli.checked_config(_CONFIG.value)
   args = build_args(sys.argv, workdir=_WORKDIR.value)
   resource, _, quantity = _ACCELERATOR.value.partition("=")
   try:
@@ -128,8 +125,7 @@ def main(argv):
                          "from the installed xmanager's xm.ResourceType)") from None
   executor_cls = xm_local.Vertex if _EXECUTOR.value == "vertex" else xm_local.Kubernetes
   executor = executor_cls(requirements=requirements)
-  title = _NAME.value or os.path.splitext(os.path.basename(
-      flags.FLAGS["config"].config_filename))[0]
+  title = _NAME.value or cli.config_name()
   with xm_local.create_experiment(experiment_title=title) as experiment:
     [executable] = experiment.package([xm.python_container(
         executor_spec=executor_cls.Spec(), path=REPO_ROOT, base_image=_BASE_IMAGE.value,

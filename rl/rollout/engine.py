@@ -315,7 +315,7 @@ def lower_engine(graphdef, state, cfg: RolloutConfig, *, sequences: int, prompt_
                  new_tokens: int | None = None, mesh=None, stop_width: int = 8):
   """The engine `run_engine` compiles for `sequences` contexts of `prompt_width` tokens and
   `new_tokens` more (default cfg.max_new_tokens), lowered from abstract values (`state`: a tree
-  of ShapeDtypeStruct with shardings), nothing allocated: launch/dry_run.py compiles it for a
+  of ShapeDtypeStruct with shardings), nothing allocated: launch/aot.py compiles it for a
   TPU topology this host does not have."""
   spec, n_padded = _engine_spec(cfg, sequences, int(new_tokens or cfg.max_new_tokens), None,
                                 mesh)

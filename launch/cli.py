@@ -1,0 +1,31 @@
+"""What the launch scripts' mains share on the command line: the words absl leaves after the
+flags (none of the scripts takes any), and the --config file a run is checked by and named
+after."""
+
+import os
+
+from absl import app, flags
+
+from configs import common
+
+
+def no_arguments(argv: list[str]) -> None:
+  """Refuses the words absl passes to main after the flags (argv[1:]): no launch script takes
+  positional arguments, so one is a mistyped flag, reported rather than ignored."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+
+
+def checked_config(config):
+  """The --config flag's ConfigDict, validated (configs/common.py `validate`); a usage error
+  when the flag was not given."""
+  if config is None:
+    raise app.UsageError("--config=configs/<name>.py is required")
+  common.validate(config)
+  return config
+
+
+def config_name() -> str:
+  """The --config file's name without its folder and .py (configs/demo.py:vapo -> "demo"): the
+  default workdir of a run and the title of its job."""
+  return os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]

@@ -1,0 +1,135 @@
+"""The generation stacks launch/bench_rollout.py sets beside seedrl's rollout engine on the same
+Hugging Face checkpoint: HF transformers `generate` (torch), vLLM's offline LLM and Tunix's
+Qwen2 sampler. Each is a class with `name` and generate(prompt_ids [B, P] int32, new_tokens M)
+-> tokens [B, M], every row exactly M tokens (stop ids off) under one decoding rule (greedy, or
+temperature 1 sampling with no top-k / top-p), so the benchmark can time and compare them as
+one. vLLM and Tunix are optional extras: `make_system` skips them, with a line, when they are
+not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import jax.numpy as jnp
+import numpy as np
+
+from models import hf
+from models.config import ModelConfig
+
+COMPARED = ("hf", "vllm", "tunix")
+
+
+class HFGenerate:
+  """HF transformers `generate` (torch), every row exactly M tokens."""
+
+  name = "hf"
+
+  def __init__(self, hf_dir: str, dtype: str, greedy: bool):
+    import torch
+    import transformers
+    self.torch = torch
+    self.model = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_dir, dtype=getattr(torch, dtype)).eval()
+    # A directory's generation_config.json (sampling defaults, EOS ids, repetition penalty)
+    # would change the decoding rule: start from a blank one and set everything per call.
+    self.model.generation_config = transformers.GenerationConfig()
+    self.options = dict(do_sample=not greedy, eos_token_id=None, pad_token_id=0)
+    if not greedy:
+      self.options.update(temperature=1.0, top_k=0, top_p=1.0)
+
+  def generate(self, prompt_ids: np.ndarray, new_tokens: int) -> np.ndarray:
+    ids = self.torch.from_numpy(prompt_ids.astype(np.int64))
+    with self.torch.no_grad():
+      out = self.model.generate(ids, attention_mask=self.torch.ones_like(ids),
+                                max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                **self.options)
+    return out[:, prompt_ids.shape[1]:].numpy()
+
+
+class VLLMGenerate:
+  """vLLM's offline LLM on token ids (no tokenizer), EOS ignored."""
+
+  name = "vllm"
+
+  def __init__(self, hf_dir: str, dtype: str, greedy: bool, max_len: int):
+    import vllm
+    self.vllm = vllm
+    self.greedy = greedy
+    # generation_config="vllm": ignore the directory's sampling defaults, as for HF above.
+    self.llm = vllm.LLM(model=hf_dir, dtype=dtype, skip_tokenizer_init=True,
+                        max_model_len=max_len, seed=0, generation_config="vllm")
+
+  def generate(self, prompt_ids: np.ndarray, new_tokens: int) -> np.ndarray:
+    params = self.vllm.SamplingParams(temperature=0.0 if self.greedy else 1.0, top_p=1.0,
+                                      max_tokens=new_tokens, min_tokens=new_tokens,
+                                      ignore_eos=True, detokenize=False)
+    outs = self.llm.generate([{"prompt_token_ids": row.tolist()} for row in prompt_ids],
+                             params, use_tqdm=False)
+    return np.array([o.outputs[0].token_ids for o in outs], np.int32)
+
+
+class _IdsAsText:
+  """Tunix's sampler takes strings: a prompt is its ids as decimal text. No bos; pad 0 (prompt
+  ids are >= 1); eos -1, which is never generated (stop ids off)."""
+
+  def encode(self, text: str, **_) -> list[int]:
+    return [int(t) for t in text.split()]
+
+  def decode(self, ids, **_) -> str:
+    return " ".join(str(int(i)) for i in ids)
+
+  def bos_id(self):
+    return None
+
+  def eos_id(self) -> int:
+    return -1
+
+  def pad_id(self) -> int:
+    return 0
+
+
+class TunixGenerate:
+  """Tunix's Qwen2 model and vanilla sampler, loaded from the same safetensors."""
+
+  name = "tunix"
+
+  def __init__(self, hf_dir: str, cfg: ModelConfig, greedy: bool, max_len: int):
+    from tunix.generate import sampler as sampler_lib
+    from tunix.models.qwen2 import model as qwen2_model
+    from tunix.models.qwen2 import params as qwen2_params
+    dtype = jnp.dtype(cfg.param_dtype)
+    config = qwen2_model.ModelConfig(
+        num_layers=cfg.n_layers, vocab_size=cfg.vocab_size, embed_dim=cfg.d_model,
+        hidden_dim=cfg.mlp_dim, num_heads=cfg.n_heads, head_dim=cfg.gqa_head_dim,
+        num_kv_heads=cfg.kv_heads, rope_theta=int(cfg.rope_theta), norm_eps=cfg.rms_norm_eps,
+        use_tied_embedding=cfg.tie_embeddings, dtype=dtype, param_dtype=dtype)
+    model = qwen2_params.create_model_from_safe_tensors(hf_dir, config, dtype=dtype)
+    cache = sampler_lib.CacheConfig(cache_size=max_len, num_layers=cfg.n_layers,
+                                    num_kv_heads=cfg.kv_heads, head_dim=cfg.gqa_head_dim)
+    self.sampler = sampler_lib.Sampler(model, _IdsAsText(), cache)
+    self.sampling = dict(temperature=0.0) if greedy else dict(temperature=1.0, top_p=1.0)
+
+  def generate(self, prompt_ids: np.ndarray, new_tokens: int) -> np.ndarray:
+    out = self.sampler([" ".join(map(str, row)) for row in prompt_ids],
+                       max_generation_steps=new_tokens, max_prompt_length=prompt_ids.shape[1],
+                       eos_tokens=[-1], seed=0, **self.sampling)
+    return np.stack([np.asarray(t) for t in out.tokens]).astype(np.int32)
+
+
+def make_system(name: str, hf_dir: str, cfg: ModelConfig, *, greedy: bool, max_len: int,
+                log=print):
+  """The system called `name` on `hf_dir`, or None (with one line through `log`) when it is an
+  optional extra that is not installed or cannot load this checkpoint."""
+  if name in ("vllm", "tunix") and importlib.util.find_spec(name) is None:
+    log(f"{name}: not installed (an optional extra, not a requirement); skipped")
+    return None
+  dtype = jnp.dtype(cfg.param_dtype).name
+  if name == "hf":
+    return HFGenerate(hf_dir, dtype, greedy)
+  if name == "vllm":
+    return VLLMGenerate(hf_dir, dtype, greedy, max_len)
+  if hf.family_of(cfg) != "qwen2":
+    log(f"tunix: only qwen2 checkpoints are wired here (this is {hf.family_of(cfg)}); skipped")
+    return None
+  return TunixGenerate(hf_dir, cfg, greedy, max_len)
