@@ -32,7 +32,7 @@ parameters.
 
 import os
 
-from configs import common
+from rl.config.defaults import base_config
 from rl.data import EVAL_DIR
 
 SMALL = dict(
@@ -48,8 +48,8 @@ def get_config(arg: str = ""):
     raise ValueError(f"configs/deepseek_v32_moe_tpu.py:{arg}: the argument must be 'small' or "
                      "empty")
   small = arg == "small"
-  c = common.base_config(preset="deepseek-v3.2-671b", algorithm="grpo_v32",
-                         **(dict(SMALL, param_dtype="float32") if small else {}))
+  c = base_config(preset="deepseek-v3.2-671b", algorithm="grpo_v32",
+                  **(dict(SMALL, param_dtype="float32") if small else {}))
   if small:
     c.init_hf_dir = ""
     c.tokenizer = "/models/DeepSeek-V3.2-Exp-bf16"  # the full model's tokenizer

@@ -22,18 +22,19 @@ Parameters are float32 (bf16 compute): at lr 1e-6 an Adam step is far below half
 of a typical weight, so bfloat16 parameters would not move.
 """
 
-from configs import common
+from configs import qwen
+from rl.config.defaults import base_config
 
 HF_DIRS = {"1.5b": "/models/Qwen2.5-Math-1.5B", "7b": "/models/Qwen2.5-Math-7B"}
 
 
 def get_config(arg: str = "1.5b"):
-  size = common.qwen_size(arg, "qwen2_5_math_dapo.py")
+  size = qwen.size_of(arg, "qwen2_5_math_dapo.py")
   # Qwen2.5-Math shares Qwen2.5's shapes but has a 4096-token context with rope_theta 1e4;
   # 3072 response tokens + prompts of up to 1024 tokens fill it.
-  c = common.base_config(preset=common.QWEN_SIZES[size], algorithm="dapo", rope_theta=10000.0,
-                         max_seq_len=4096, param_dtype="float32")
-  common.math_rl_on_one_gpu_host(c, size=size, hf_dir=HF_DIRS[size])
+  c = base_config(preset=qwen.SIZES[size], algorithm="dapo", rope_theta=10000.0,
+                  max_seq_len=4096, param_dtype="float32")
+  qwen.math_rl_on_one_gpu_host(c, size=size, hf_dir=HF_DIRS[size])
   c.rl.overlong_buffer = 512
   c.rl.overlong_factor = 1.0
   c.rl.max_num_gen_batches = 10

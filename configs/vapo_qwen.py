@@ -18,16 +18,17 @@ configs/qwen2_5_math_dapo.py. Parameters are float32 (bf16 compute) so that lr 1
 rounded away.
 """
 
-from configs import common
+from configs import qwen
+from rl.config.defaults import base_config
 
 HF_DIRS = {"1.5b": "/models/Qwen2.5-1.5B", "7b": "/models/Qwen2.5-7B"}
 
 
 def get_config(arg: str = "1.5b"):
-  size = common.qwen_size(arg, "vapo_qwen.py")
-  c = common.base_config(preset=common.QWEN_SIZES[size], algorithm="vapo",
-                         param_dtype="float32")
-  common.math_rl_on_one_gpu_host(c, size=size, hf_dir=HF_DIRS[size])
+  size = qwen.size_of(arg, "vapo_qwen.py")
+  c = base_config(preset=qwen.SIZES[size], algorithm="vapo",
+                  param_dtype="float32")
+  qwen.math_rl_on_one_gpu_host(c, size=size, hf_dir=HF_DIRS[size])
   c.rl.critic_warmup_steps = 50
   c.rl.lam_critic = 1.0
   c.rl.length_adaptive_alpha = 0.05

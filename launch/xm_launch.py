@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from configs import common  # noqa: E402
+from rl.config.validation import validate  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JAX_VERSION = "0.10.2"
@@ -118,7 +118,7 @@ def main(argv):
   config = _CONFIG.value
   if config is None:
     raise app.UsageError("--config=configs/<name>.py is required")
-  common.validate(config)
+  validate(config)
   args = build_args(sys.argv, workdir=_WORKDIR.value)
   resource, _, quantity = _ACCELERATOR.value.partition("=")
   try:

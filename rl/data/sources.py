@@ -34,7 +34,7 @@ from typing import Any
 
 from absl import logging
 
-from configs.common import InputError
+from rl.config.checks import InputError
 
 DOMAINS = ("math", "code", "logic", "general")
 PROMPT_ALIASES = ("prompt", "question", "problem")
