@@ -1,8 +1,9 @@
 """The run config's sections and their defaults: `base_config(preset=, algorithm=)`.
 
 A recipe (configs/*.py) starts from base_config, changes what it needs, and returns the config
-locked: an unknown key (e.g. a typo in `--config.rl.clip_hihg=0.3`) is an error. The comment
-on each section names the module that reads it, where its checker lives too
+locked: an unknown key (e.g. a typo in `--config.rl.clip_hihg=0.3`) is an error. The bare
+defaults are a valid run (a tiny MoE + MLA + DSA policy, GRPO on generated arithmetic); the
+comment on each section names the module that reads it, where its checker lives too
 (rl/config/validation.py calls them all).
 """
 
@@ -26,11 +27,13 @@ def model_section(preset: str, **overrides) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(fields)
 
 
-def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "dapo",
+def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
                 **model_overrides) -> ml_collections.ConfigDict:
   """Every section of a run config at its default, the model section from a preset of
   models/config.py (with `model_overrides`) and the rl section from a recipe of
-  rl/core/algorithms.py."""
+  rl/core/algorithms.py. The defaults validate as they are; "grpo" is the default recipe
+  because "dapo"'s overlong buffer (4096 tokens, for 20480-token responses) does not fit the
+  default 16-token rollout."""
   c = ml_collections.ConfigDict()
   c.job = "rl"
   c.seed = 0

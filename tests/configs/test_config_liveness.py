@@ -327,9 +327,9 @@ def resources(tmp_path_factory):
 
 
 def config_for(overrides: dict, resources: dict | None = None) -> ml_collections.ConfigDict:
-  """base_config() with BASE and `overrides` (dotted names; "{name}" in a string value is a
-  path of `resources`), validated."""
-  c = base_config()
+  """base_config(algorithm="dapo") with BASE and `overrides` (dotted names; "{name}" in a
+  string value is a path of `resources`), validated."""
+  c = base_config(algorithm="dapo")
   for key, value in {**BASE, **overrides}.items():
     if isinstance(value, str) and "{" in value:
       value = value.format(**resources)

@@ -131,6 +131,14 @@ def test_missing_tokenizer_and_hf_dir_are_named(tmp_path):
     check_paths(config)
 
 
+def test_bare_defaults_are_a_valid_run():
+  """base_config() on its own passes validation and the start-of-run path checks: every
+  default is a usable value (the recipes only change what they need)."""
+  config = base_config()
+  validate(config)
+  check_paths(config)
+
+
 def _one_line_error(cmd):
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
                        env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))

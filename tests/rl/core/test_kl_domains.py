@@ -20,7 +20,7 @@ BETAS = "math=0.1, addition=0.5"
 
 
 def _config():
-  c = base_config()
+  c = base_config(algorithm="dapo")
   c.rl.kl_coef = 0.01
   c.rl.kl_coef_per_domain = BETAS
   return c
