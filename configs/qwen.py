@@ -23,9 +23,13 @@ def size_of(arg: str, config_file: str) -> str:
 def math_rl_on_one_gpu_host(c: ml_collections.ConfigDict, *, size: str,
                             hf_dir: str) -> ml_collections.ConfigDict:
   """Shared settings of the math RL recipes on one 8-GPU host (DAPO paper scale, scaled to
-  one host): the HF checkpoint, DAPO-Math prompts with AIME 2024 held out, temperature-1
-  sampling of up to 3072 tokens, lr 1e-6 AdamW (weight decay 0.1, clip 1.0), 128 prompts x 16
-  samples in 4 optimiser steps.
+  one host): the HF checkpoint, prompt files with AIME 2024 held out, temperature-1 sampling of
+  up to 3072 tokens, lr 1e-6 AdamW (weight decay 0.1, clip 1.0), 128 prompts x 16 samples in 4
+  optimiser steps.
+
+  The training prompts (DAPO-Math-17k, flattened to `prompt` / `answer` records) are wherever
+  the user keeps them: config.data.train_files stays empty and a run without it stops at start
+  naming the field (a dry run plans without it).
 
   Dense attention keeps [heads, T, T] fp32 probabilities alive per layer, so heads (and MLP,
   vocabulary) are split over GPU groups by tensor parallelism, FSDP runs across the groups,
@@ -34,7 +38,6 @@ def math_rl_on_one_gpu_host(c: ml_collections.ConfigDict, *, size: str,
   c.init_hf_dir = hf_dir
   c.tokenizer = hf_dir
   c.data.source = "files"
-  c.data.train_files = "/data/dapo_math_17k.parquet"
   c.data.heldout_files = os.path.join(EVAL_DIR, "aime24_test.jsonl")
   c.data.prompt_template = "dapo"
   c.rollout.update(max_new_tokens=3072, temperature=1.0, top_p=1.0, prompt_bucket=128)

@@ -1,7 +1,9 @@
 """DAPO on Qwen2.5-Math-1.5B (or 7B) from a local Hugging Face checkpoint, one 8-GPU host.
 
-  python launch/train.py --config=configs/qwen2_5_math_dapo.py --workdir=/ckpt/dapo_math_1.5b
+  python launch/train.py --config=configs/qwen2_5_math_dapo.py --workdir=/ckpt/dapo_math_1.5b \
+      --config.data.train_files=/data/dapo_math_17k.parquet
   python launch/train.py --config=configs/qwen2_5_math_dapo.py:7b \
+      --config.data.train_files=/data/dapo_math_17k.parquet \
       --config.init_hf_dir=/models/Qwen2.5-Math-7B --config.tokenizer=/models/Qwen2.5-Math-7B
   python launch/train.py --config=configs/qwen2_5_math_dapo.py --dry_run   # memory per GPU
 
@@ -12,11 +14,13 @@ shaping) scaled to one host: 128 prompts per step instead of 512 (4 optimiser st
 step instead of 16), and Qwen2.5-Math's 4096-token context instead of 2048 + 20480, so responses
 stop at 3072 tokens and the overlong buffer shrinks with them (4096 * 3072 / 20480 ~ 512).
 
-Prompt files hold one record per problem with `prompt` (the problem text; the "dapo" template
-adds DAPO-Math-17k's instruction) and `answer` (rl/data/sources.py); DAPO-Math-17k's parquet
-stores the instruction inside a chat message and the answer in reward_model.ground_truth, so
-flatten it to those two fields first. Held-out: AIME 2024 from the pinned eval sets
-(rl/data EVAL_DIR: ../shared/data/eval beside the checkout, or $SEEDRL_EVAL_DIR).
+Training prompts: --config.data.train_files (no default: a run without it stops at start
+naming the field; the dry run does not need it). Prompt files hold one record per problem with
+`prompt` (the problem text; the "dapo" template adds DAPO-Math-17k's instruction) and `answer`
+(rl/data/sources.py); DAPO-Math-17k's parquet stores the instruction inside a chat message and
+the answer in reward_model.ground_truth, so flatten it to those two fields first. Held-out:
+AIME 2024 from the pinned eval sets (rl/data EVAL_DIR: ../shared/data/eval beside the
+checkout, or $SEEDRL_EVAL_DIR).
 
 Parameters are float32 (bf16 compute): at lr 1e-6 an Adam step is far below half a bfloat16 ulp
 of a typical weight, so bfloat16 parameters would not move.

@@ -63,7 +63,8 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
   c.data = ml_collections.ConfigDict(dict(
       # "puzzles": generated problems of `task`; "files": prompt records (rl/data/sources.py)
       # from `train_files` / `heldout_files` (comma-separated paths or globs, jsonl/parquet),
-      # graded by domain (math verifier, code sandbox, puzzle verifiers).
+      # graded by domain (math verifier, code sandbox, puzzle verifiers). No recipe names a
+      # machine's files: the user sets them, and check_paths names an empty or missing one.
       source="puzzles",
       train_files="",
       heldout_files="",

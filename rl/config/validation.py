@@ -19,7 +19,7 @@ import kernels
 from rl.config.checks import InputError, allowed, non_negative, positive
 from rl.config.model import check_hf_dir, model_config
 from rl.core import algorithms
-from rl.data import entries
+from rl.data import entries, sources
 from rl.parallel import placement
 from rl.rollout import fp8
 from rl.rollout.streaming import StreamingConfig
@@ -54,13 +54,16 @@ def validate(c: ml_collections.ConfigDict) -> None:
 
 def check_paths(c: ml_collections.ConfigDict) -> None:
   """The local paths a run reads at start exist (InputError naming the field). Not part of
-  validate(): a dry run plans a recipe on a machine that does not hold its checkpoint."""
+  validate(): a dry run plans a recipe on a machine that does not hold its checkpoint or data."""
   if c.tokenizer not in TOKENIZERS_BUILTIN and not os.path.isdir(c.tokenizer):
     raise InputError(f"config.tokenizer={c.tokenizer!r}: no such directory (use 'byte' or a "
                      "directory holding tokenizer.json)")
   if c.init_hf_dir and not os.path.isfile(os.path.join(c.init_hf_dir, "config.json")):
     raise InputError(f"config.init_hf_dir={c.init_hf_dir!r}: no config.json there (not an HF "
                      "checkpoint directory)")
+  if c.data.source == "files":
+    for field in ("train_files", "heldout_files"):
+      sources.check_files(c.data[field], f"data.{field}")
 
 
 def _check_run(c: ml_collections.ConfigDict) -> None:

@@ -15,13 +15,11 @@ MAX_LOGGED_LONG_PROMPTS = 10
 
 
 def check_data(data: ml_collections.ConfigDict) -> None:
-  """config.data's checker: the source, files, task, template and sizes `load_entries` reads,
-  and the curriculum (rl/data/curriculum.py)."""
+  """config.data's checker: the source, task, template and sizes `load_entries` reads, and the
+  curriculum (rl/data/curriculum.py). Its files are checked at run start (`sources.check_files`
+  from rl/config/validation.py check_paths): a dry run plans a recipe without its data."""
   allowed("data.source", data.source, ("puzzles", "files"))
   allowed("data.task", data.task, sorted(puzzles.TASKS))
-  if data.source == "files" and not (data.train_files and data.heldout_files):
-    raise ValueError("config.data.source='files' needs config.data.train_files and "
-                     "config.data.heldout_files (comma-separated jsonl/parquet paths or globs)")
   allowed("data.prompt_template", data.prompt_template, templates.TEMPLATES)
   positive(data, "data", "train_size", "heldout_size")
   curriculum.check_curriculum(data)

@@ -28,7 +28,7 @@ from absl import logging
 from flax import nnx
 
 from models.tokenizer import load_tokenizer
-from rl.config.validation import validate
+from rl.config.validation import check_paths, validate
 from rl.jobs import evaluation
 from rl.rollout import engine as rollout_lib
 from rl.data import selection
@@ -160,6 +160,7 @@ def sample_and_select(config: ml_collections.ConfigDict, checkpoint: str, *, rul
   rl/rewards/manager.py."""
   check_rule(rule)
   validate(config)
+  check_paths(config)
   model, step = evaluation.load_policy_checkpoint(config, checkpoint)
   graphdef, state = nnx.split(model)
   tokenizer = load_tokenizer(config.tokenizer)

@@ -185,6 +185,19 @@ def _expand(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]
   return files
 
 
+def check_files(paths: str, field: str) -> None:
+  """The comma-separated `paths` of config.<field> (as config.data.train_files holds them) name
+  files that exist: InputError naming the field when it is empty or a path or glob finds
+  nothing. Run at start (rl/config/validation.py check_paths), before any model is built."""
+  if not paths:
+    raise InputError(f"config.{field} is empty: config.data.source='files' reads prompt records "
+                     "from it; set it to jsonl/parquet paths or globs (comma-separated)")
+  try:
+    _expand(paths.split(","))
+  except FileNotFoundError as e:
+    raise InputError(f"config.{field}={paths!r}: {e}") from None
+
+
 def _rows(path: str) -> tuple[Iterator[tuple[int, Any]], str, str]:
   """(rows, default data_source, how a row is located in messages) for one input."""
   if path.startswith(TFDS_PREFIX):

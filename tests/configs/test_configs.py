@@ -139,6 +139,38 @@ def test_bare_defaults_are_a_valid_run():
   check_paths(config)
 
 
+@pytest.mark.parametrize("name", ["qwen2_5_math_dapo.py", "vapo_qwen.py",
+                                  "deepseek_v32_moe_tpu.py"])
+def test_recipes_leave_the_prompt_files_to_the_user(name):
+  """The recipes that train on prompt files name none of this machine's (they validate, so a
+  dry run plans them anywhere); a run without config.data.train_files stops at start naming
+  the field."""
+  config = load(os.path.join(ROOT, "configs", name))
+  assert config.data.source == "files" and config.data.train_files == ""
+  validate(config)
+  config.tokenizer, config.init_hf_dir = "byte", ""  # the paths checked before the data's
+  with pytest.raises(InputError, match=r"^config.data.train_files is empty: "):
+    check_paths(config)
+
+
+def test_missing_prompt_files_are_named(tmp_path):
+  """check_paths names the data field whose path, or glob, finds no file; found ones pass."""
+  train, heldout = tmp_path / "train.jsonl", tmp_path / "heldout.jsonl"
+  for path in (train, heldout):
+    path.write_text('{"prompt": "1 + 1?", "answer": "2"}\n')
+  config = load(os.path.join(ROOT, "configs", "demo.py"))
+  config.data.update(source="files", train_files=f"{train},{tmp_path}/none.jsonl",
+                     heldout_files=str(heldout))
+  with pytest.raises(InputError, match=r"config.data.train_files='.*': prompt file not found: "
+                                       r".*none.jsonl"):
+    check_paths(config)
+  config.data.train_files = str(tmp_path / "*.jsonl")
+  check_paths(config)
+  config.data.heldout_files = str(tmp_path / "*.parquet")
+  with pytest.raises(InputError, match=r"config.data.heldout_files='.*': no file matches"):
+    check_paths(config)
+
+
 def _one_line_error(cmd):
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
                        env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
