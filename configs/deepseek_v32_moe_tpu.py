@@ -3,8 +3,9 @@
   python launch/train.py --config=configs/deepseek_v32_moe_tpu.py --dry_run   # any machine
   python launch/gke/render.py launch/gke/jobset_tpu.yaml NAME=v32-grpo IMAGE=<image> \
       WORKDIR=gs://<bucket>/v32-grpo TPU_ACCELERATOR=tpu-v5p-slice TPU_TOPOLOGY=8x8x4 HOSTS=64 \
-      CHIPS_PER_HOST=4 -- --config=configs/deepseek_v32_moe_tpu.py | kubectl apply -f -
-  ... same with TPU_TOPOLOGY=4x4x2 HOSTS=8 -- --config=configs/deepseek_v32_moe_tpu.py:small
+      CHIPS_PER_HOST=4 -- --config=configs/deepseek_v32_moe_tpu.py \
+      --config.data.train_files='/data/rl_prompts/*.parquet' | kubectl apply -f -
+  ... same with TPU_TOPOLOGY=4x4x2 HOSTS=8 -- --config=configs/deepseek_v32_moe_tpu.py:small ...
 
 Default: the deepseek-v3.2-671b preset (671B parameters, 37B active) on a v5p-512 slice
 (256 chips, 64 hosts): 8-way expert parallelism (32 of the 256 routed experts per group, tokens
@@ -16,6 +17,10 @@ vocabulary. It starts from the released weights dequantised to bfloat16 (the FP8
 experts, MLA latents 384 / 256, DSA top-512) on a v5p-64 slice (32 chips; 8-way expert, 2-way
 FSDP, 2-way tensor parallelism): bring-up and throughput work before the full model; start it
 from an SFT checkpoint (--config.init_checkpoint) or random init.
+
+Training prompts (math, code and logic records, rl/data/sources.py) come from
+--config.data.train_files: it has no default, and a run without it stops at start naming the
+field (the dry run does not read it). Held out: AIME 2025 from the pinned eval sets.
 
 Both use the Mosaic-TPU DSA kernels, streaming rollouts (half of each batch from the latest
 policy, partials at most one version old) and the grpo_v32 recipe: unbiased KL (0.01),
@@ -32,7 +37,7 @@ parameters.
 
 import os
 
-from configs import common
+from rl.config.defaults import base_config
 from rl.data import EVAL_DIR
 
 SMALL = dict(
@@ -48,8 +53,8 @@ def get_config(arg: str = ""):
     raise ValueError(f"configs/deepseek_v32_moe_tpu.py:{arg}: the argument must be 'small' or "
                      "empty")
   small = arg == "small"
-  c = common.base_config(preset="deepseek-v3.2-671b", algorithm="grpo_v32",
-                         **(dict(SMALL, param_dtype="float32") if small else {}))
+  c = base_config(preset="deepseek-v3.2-671b", algorithm="grpo_v32",
+                  **(dict(SMALL, param_dtype="float32") if small else {}))
   if small:
     c.init_hf_dir = ""
     c.tokenizer = "/models/DeepSeek-V3.2-Exp-bf16"  # the full model's tokenizer
@@ -61,7 +66,6 @@ def get_config(arg: str = ""):
   c.kernel_backend = "tpu"
 
   c.data.source = "files"
-  c.data.train_files = "/data/rl_prompts/*.parquet"  # math, code and logic records
   c.data.heldout_files = os.path.join(EVAL_DIR, "aime25_test.jsonl")
   c.data.prompt_template = "chat"
 

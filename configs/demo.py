@@ -15,13 +15,13 @@ checkpoints' held-out accuracy, writes <workdir>/results.json and a learning-cur
 Rerunning the same command resumes.
 """
 
-from configs import common
+from rl.config.defaults import base_config
 
 
 def get_config(arg: str = "dapo"):
   algorithm = arg or "dapo"
-  c = common.base_config(preset="tiny_moe_mla_dsa", algorithm=algorithm,
-                         d_model=96, mlp_dim=192, moe_mlp_dim=96, index_topk=8)
+  c = base_config(preset="tiny_moe_mla_dsa", algorithm=algorithm,
+                  d_model=96, mlp_dim=192, moe_mlp_dim=96, index_topk=8)
   c.job = "sft_rl"
   c.data.task = "addition"
   c.data.difficulty = 0  # a + b, both of up to two digits

@@ -22,7 +22,7 @@ written to <workdir>/results.json. Needs the sandbox (`bash launch/setup_sandbox
 
 import ml_collections
 
-from configs import common
+from rl.config.defaults import base_config
 
 
 def get_config(arg: str = ""):
@@ -30,7 +30,7 @@ def get_config(arg: str = ""):
   if variant not in ("pointwise", "pairwise", "test"):
     raise ValueError(f"configs/o1_coder.py:{arg}: the argument must be pointwise, pairwise or "
                      "test")
-  c = common.base_config(preset="tiny_dense", algorithm="grpo")
+  c = base_config(preset="tiny_dense", algorithm="grpo")
   c.job = "o1_coder"
   c.rl.kl_coef = 0.0  # no reference model on CPU
   c.rollout.max_new_tokens = 128  # the longest templated path is 123 tokens + eos

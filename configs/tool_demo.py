@@ -20,7 +20,7 @@ falls from 5.6 to 1.4 in 60 steps), which teaches it the look of calls but, at t
 and step count, still not well-formed ones.
 """
 
-from configs import common
+from rl.config.defaults import base_config
 
 ENVIRONMENTS = ("trip_planning", "code_math")
 
@@ -29,8 +29,8 @@ def get_config(arg: str = ""):
   if arg and arg not in ENVIRONMENTS:
     raise ValueError(f"configs/tool_demo.py:{arg}: the argument must be empty or one of "
                      f"{list(ENVIRONMENTS)}")
-  c = common.base_config(preset="tiny_moe_mla_dsa", algorithm="grpo_v32", d_model=96,
-                         mlp_dim=192, moe_mlp_dim=96, index_topk=8, max_seq_len=2048)
+  c = base_config(preset="tiny_moe_mla_dsa", algorithm="grpo_v32", d_model=96,
+                  mlp_dim=192, moe_mlp_dim=96, index_topk=8, max_seq_len=2048)
   c.job = "rl"
   c.tools.enabled = True
   c.tools.environments = arg or ",".join(ENVIRONMENTS)

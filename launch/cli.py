@@ -6,7 +6,7 @@ import os
 
 from absl import app, flags
 
-from configs import common
+from rl.config.validation import validate
 
 
 def no_arguments(argv: list[str]) -> None:
@@ -17,11 +17,11 @@ def no_arguments(argv: list[str]) -> None:
 
 
 def checked_config(config):
-  """The --config flag's ConfigDict, validated (configs/common.py `validate`); a usage error
+  """The --config flag's ConfigDict, validated (rl/config/validation.py `validate`); a usage error
   when the flag was not given."""
   if config is None:
     raise app.UsageError("--config=configs/<name>.py is required")
-  common.validate(config)
+  validate(config)
   return config
 
 

@@ -27,13 +27,15 @@ import ml_collections
 from flax import nnx
 from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
-from configs import common
 from launch import aot
 from models import cache as cache_lib
 from models import memory
 from models import planner
 from models import sharding as sharding_lib
 from models.config import ModelConfig
+from rl.config.describe import describe_model, describe_rl
+from rl.config.model import model_config
+from rl.config.validation import validate
 from rl.parallel import placement as placement_lib
 from rl.core import train_step as ts
 
@@ -137,8 +139,8 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   """
   devices = list(jax.devices() if devices is None else devices)
   platform = devices[0].platform
-  common.validate(config)
-  cfg = common.model_config(config)
+  validate(config)
+  cfg = model_config(config)
   plan = None
   if config.mesh.auto:  # the best mesh of models/planner.py for the config's remat / offload
     plan = placement_lib.best_mesh(config, config.mesh.devices or len(devices),
@@ -164,8 +166,8 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   param_bytes = memory.tree_bytes(params, param_shardings)
   replicated = _replicated_params(params, param_shardings, mesh)
   out: dict[str, Any] = {
-      "model": common.describe_model(config),
-      "algorithm": common.describe_rl(config),
+      "model": describe_model(config),
+      "algorithm": describe_rl(config),
       "mesh_shape": dict(mesh.shape),
       "devices": int(mesh.size),
       "local_devices": len(devices),

@@ -31,10 +31,11 @@ from absl import flags, logging  # noqa: E402
 from flax import nnx  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from configs import common  # noqa: E402
 from launch import cli, logs  # noqa: E402
 from models import hf  # noqa: E402
 from models.tokenizer import load_tokenizer  # noqa: E402
+from rl.config.checks import InputError  # noqa: E402
+from rl.config.validation import validate  # noqa: E402
 from rl.jobs import evaluation  # noqa: E402
 from rl.rollout import engine as rollout_lib  # noqa: E402
 from rl.rewards import puzzles, sandbox  # noqa: E402
@@ -88,7 +89,7 @@ class EvalError(Exception):
 def check_flags() -> dict[str, int]:
   """Checks what is cheap to check before anything loads; returns {dataset: limit}."""
   if _CONFIG.value is not None:
-    common.validate(_CONFIG.value)
+    validate(_CONFIG.value)
   if bool(_HF_DIR.value) == bool(_CHECKPOINT.value):
     raise EvalError("give exactly one of --hf_dir or --config with --checkpoint")
   if _HF_DIR.value:
@@ -281,4 +282,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  logs.run(main, bad_input=(EvalError, common.InputError, hf.CheckpointError))
+  logs.run(main, bad_input=(EvalError, InputError, hf.CheckpointError))

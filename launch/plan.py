@@ -49,12 +49,14 @@ def main(argv):
   del argv
   import jax
 
-  from configs import common
   from models import planner
+  from rl.config.describe import describe_model
+  from rl.config.model import model_config
+  from rl.config.validation import validate
   from rl.parallel import placement
   config = _CONFIG.value
-  common.validate(config)
-  cfg = common.model_config(config)
+  validate(config)
+  cfg = model_config(config)
   topology = None
   if _TOPOLOGY.value:
     from launch import aot, dry_run
@@ -68,7 +70,7 @@ def main(argv):
   plans = planner.plan(cfg, work, devices, device, remats=_REMATS.value.split(","),
                        offload_optimizer=offload)
   fitting = sum(p.fits for p in plans)
-  print(f"{common.describe_model(config)}: {devices} x {device.name} "
+  print(f"{describe_model(config)}: {devices} x {device.name} "
         f"({device.hbm_bytes / 2**30:.0f} GiB HBM, {planner.USABLE_HBM_FRACTION:.0%} usable); "
         f"{work.sequences} sequences x {work.length} tokens per step in {work.mini_batches} x "
         f"{work.micro_batches} micro-batches, rollouts of {work.rollout_sequences} sequences; "

@@ -27,8 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from configs import common  # noqa: E402
 from launch import cli, logs  # noqa: E402
+from rl.config.checks import InputError  # noqa: E402
+from rl.config.validation import check_paths  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:arg]).",
                                           lock_config=True)
@@ -58,7 +59,7 @@ def main(argv):
       r = dry_run.report(config)
     print("\n".join(dry_run.format_report(r)))
     return
-  common.check_paths(config)
+  check_paths(config)
   from rl.jobs import checkpoint
   from rl.parallel import distributed
   distributed.initialize_from_env()
@@ -75,4 +76,4 @@ def main(argv):
 
 if __name__ == "__main__":
   from models.hf import CheckpointError
-  logs.run(main, bad_input=(common.InputError, CheckpointError, FileNotFoundError))
+  logs.run(main, bad_input=(InputError, CheckpointError, FileNotFoundError))

@@ -1,4 +1,7 @@
-"""The layer contract: launch -> rl (and configs) -> models -> kernels, no upward imports.
+"""The layer contract: launch -> configs -> rl -> models -> kernels, no upward imports.
+
+configs/ holds only recipes (ml_collections files and their helpers); the schema they fill in,
+its defaults and its checks are rl/config/, so rl never reads configs.
 
 Every import statement of a package's modules, function-local ones included, is read with
 `ast`; an import of a higher layer fails with the module and line. (import-linter would check
@@ -16,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORBIDDEN = {
     "kernels": {"models", "rl", "configs", "launch"},
     "models": {"rl", "configs", "launch"},
-    "rl": {"launch"},
+    "rl": {"configs", "launch"},
     "configs": {"launch"},
 }
 

@@ -24,6 +24,8 @@ import grain
 import numpy as np
 from absl import logging
 
+from rl.config.checks import allowed
+
 
 
 def _normalized(weights: Mapping[str, float], what: str) -> dict[str, float]:
@@ -298,6 +300,25 @@ def parse_stages(text: str) -> list[tuple[int, dict[str, float]]]:
     except ValueError:
       raise ValueError(f"curriculum stage {part!r}: {start!r} is not a start step") from None
   return stages
+
+
+def check_curriculum(data: Any) -> None:
+  """config.data's curriculum fields, as `PromptCurriculum` reads them (ValueError naming the
+  field)."""
+  allowed("data.curriculum", data.curriculum, CURRICULA)
+  if data.curriculum == "difficulty" and data.source != "puzzles":
+    raise ValueError("config.data.curriculum='difficulty' raises the level of generated "
+                     "puzzles: it needs config.data.source='puzzles'")
+  if data.curriculum == "staged":
+    try:
+      StagedSchedule(parse_stages(data.curriculum_stages))
+    except ValueError as e:
+      raise ValueError(f"config.data.curriculum_stages={data.curriculum_stages!r}: {e}") from None
+  if not 0.0 < data.curriculum_threshold <= 1.0:
+    raise ValueError(f"config.data.curriculum_threshold={data.curriculum_threshold}: must be in "
+                     "(0, 1]")
+  if data.curriculum_window < 1:
+    raise ValueError(f"config.data.curriculum_window={data.curriculum_window}: must be >= 1")
 
 
 def epoch_order(size: int, seed: int) -> grain.MapDataset:

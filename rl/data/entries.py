@@ -6,12 +6,23 @@ from __future__ import annotations
 import ml_collections
 from absl import logging
 
-from configs.common import InputError
-from rl.data import sources, templates
+from rl.config.checks import InputError, allowed, positive
+from rl.data import curriculum, sources, templates
 from rl.rewards import manager, puzzles
 
 # Prompts over the context logged one by one; the rest only appear in the count.
 MAX_LOGGED_LONG_PROMPTS = 10
+
+
+def check_data(data: ml_collections.ConfigDict) -> None:
+  """config.data's checker: the source, task, template and sizes `load_entries` reads, and the
+  curriculum (rl/data/curriculum.py). Its files are checked at run start (`sources.check_files`
+  from rl/config/validation.py check_paths): a dry run plans a recipe without its data."""
+  allowed("data.source", data.source, ("puzzles", "files"))
+  allowed("data.task", data.task, sorted(puzzles.TASKS))
+  allowed("data.prompt_template", data.prompt_template, templates.TEMPLATES)
+  positive(data, "data", "train_size", "heldout_size")
+  curriculum.check_curriculum(data)
 
 
 def load_entries(c: ml_collections.ConfigDict,

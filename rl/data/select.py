@@ -27,8 +27,8 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from configs import common
 from models.tokenizer import load_tokenizer
+from rl.config.validation import check_paths, validate
 from rl.jobs import evaluation
 from rl.rollout import engine as rollout_lib
 from rl.data import selection
@@ -159,7 +159,8 @@ def sample_and_select(config: ml_collections.ConfigDict, checkpoint: str, *, rul
   with config.rollout from an orbax checkpoint of ours (SFT or RL) and graded by
   rl/rewards/manager.py."""
   check_rule(rule)
-  common.validate(config)
+  validate(config)
+  check_paths(config)
   model, step = evaluation.load_policy_checkpoint(config, checkpoint)
   graphdef, state = nnx.split(model)
   tokenizer = load_tokenizer(config.tokenizer)

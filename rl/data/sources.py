@@ -34,7 +34,7 @@ from typing import Any
 
 from absl import logging
 
-from configs.common import InputError
+from rl.config.checks import InputError
 
 DOMAINS = ("math", "code", "logic", "general")
 PROMPT_ALIASES = ("prompt", "question", "problem")
@@ -183,6 +183,19 @@ def _expand(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]
     else:
       files.append(path)
   return files
+
+
+def check_files(paths: str, field: str) -> None:
+  """The comma-separated `paths` of config.<field> (as config.data.train_files holds them) name
+  files that exist: InputError naming the field when it is empty or a path or glob finds
+  nothing. Run at start (rl/config/validation.py check_paths), before any model is built."""
+  if not paths:
+    raise InputError(f"config.{field} is empty: config.data.source='files' reads prompt records "
+                     "from it; set it to jsonl/parquet paths or globs (comma-separated)")
+  try:
+    _expand(paths.split(","))
+  except FileNotFoundError as e:
+    raise InputError(f"config.{field}={paths!r}: {e}") from None
 
 
 def _rows(path: str) -> tuple[Iterator[tuple[int, Any]], str, str]:

@@ -30,7 +30,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from configs import common
+from rl.config.checks import InputError
+from rl.config.model import model_config
 
 # Python modules a gs:// workdir needs beyond this project's requirements: etils.epath reads
 # and writes gs:// files through gcsfs (or TensorFlow's gfile), and orbax lists checkpoint
@@ -57,7 +58,7 @@ def workdir_path(path: str | os.PathLike) -> epath.Path:
   if os.fspath(path).startswith("gs://"):
     for choices in GS_MODULES:
       if not any(_importable(m) for m in choices):
-        raise common.InputError(
+        raise InputError(
             f"workdir {os.fspath(path)}: gs:// paths need the Python module "
             f"{' or '.join(sorted(choices))} (pip install "
             f"{' or '.join(sorted(m.replace('.', '-') for m in choices))})")
@@ -150,7 +151,7 @@ def _param_shapes(model: dict) -> dict[str, tuple]:
   from flax import nnx
 
   from models.transformer import Transformer
-  cfg = common.model_config(ml_collections.ConfigDict({"model": model}))
+  cfg = model_config(ml_collections.ConfigDict({"model": model}))
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0)))
   return {"/".join(map(str, k)): tuple(v.get_value().shape)
           for k, v in nnx.state(abstract, nnx.Param).flat_state()}
@@ -172,7 +173,7 @@ def save_run_config(workdir: str | os.PathLike, config: ml_collections.ConfigDic
       listed = "; ".join(f"config.model.{k}={b!r} there, {n!r} now" for k, (b, n) in
                          changed.items())
       if _param_shapes(before) != _param_shapes(now):
-        raise common.InputError(
+        raise InputError(
             f"{path.parent} holds checkpoints of another model ({listed}): the parameter shapes "
             "differ, so it cannot be resumed. Use the original model settings or another "
             "--workdir.")

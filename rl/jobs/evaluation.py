@@ -201,8 +201,8 @@ def load_policy_checkpoint(config, directory: str, step: int | None = None):
   import orbax.checkpoint as ocp
   from flax import nnx
 
-  from configs import common
   from models.transformer import Transformer
+  from rl.config.model import model_config
 
   if not os.path.isdir(directory):
     raise FileNotFoundError(f"{directory}: no such directory")
@@ -217,7 +217,7 @@ def load_policy_checkpoint(config, directory: str, step: int | None = None):
       raise FileNotFoundError(f"{directory} holds no checkpoint"
                               + ("" if step is None else f" at step {step} (steps: {steps})"))
     saved = manager.item_metadata(step)["state"].tree
-    cfg = common.model_config(config)
+    cfg = model_config(config)
 
     def init():
       return Transformer(cfg, rngs=nnx.Rngs(params=config.seed))

@@ -30,10 +30,11 @@ import optax
 from absl import logging
 from flax import nnx
 
-from configs import common
 from models import remat as remat_lib
 from models.padding import round_up
 from models.tokenizer import load_tokenizer, pad_batch
+from rl.config.model import build_policy, model_config
+from rl.config.validation import check_paths, validate
 from rl.core import train_step as ts
 from rl.jobs.checkpoint import Checkpointer, PreemptionGuard, Preempted, save_run_config
 from rl.jobs.checkpoint import workdir_path
@@ -140,8 +141,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   not rerun: its final metrics are returned from the checkpoint."""
   t_leg = time.perf_counter()
   c = config
-  common.validate(c)
-  common.check_paths(c)
+  validate(c)
+  check_paths(c)
   s = c.sft
   workdir = workdir_path(workdir)
   ckpt = Checkpointer(workdir / "checkpoints", keep=c.train.keep_checkpoints,
@@ -173,7 +174,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     raise ValueError(f"config.sft.max_len={width}: no SFT example fits")
 
   placement = Placement.from_config(c)
-  model = common.build_policy(c, placement.mesh)
+  model = build_policy(c, placement.mesh)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   rest = jax.device_put(rest, placement.replicated)
   rng = np.random.default_rng(c.seed)
@@ -193,7 +194,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   param_shardings, opt_shardings = placement.state_sharding(state)[:2]
   host_opt = remat_lib.host_shardings(opt_shardings) if c.optim.offload_state else opt_shardings
 
-  model_cfg = common.model_config(c)
+  model_cfg = model_config(c)
   dsa = model_cfg.dsa
   # MoE: one aux-loss-free bias step after every optimiser step, from the load it saw.
   rebalance = (ts.make_rebalance(graphdef, model_cfg.router_bias_rate)

@@ -19,7 +19,7 @@ import ml_collections
 from absl import logging
 from etils import epath
 
-from configs import common
+from rl.config.describe import describe_rl
 from rl.jobs import sft
 from rl.jobs.checkpoint import workdir_path
 from rl.jobs.trainer import Trainer
@@ -70,7 +70,7 @@ def run_sft_then_rl(config: ml_collections.ConfigDict, workdir: str | os.PathLik
   results = {"sft_heldout_acc": sft_acc, "rl_heldout_acc": rl_acc,
              "heldout_size": len(trainer.heldout_entries),
              "wall_s": sft_metrics["sft/wall_s"] + trainer.wall_s(),
-             "algorithm": common.describe_rl(config), "task": config.data.task}
+             "algorithm": describe_rl(config), "task": config.data.task}
   (workdir / "results.json").write_text(json.dumps(results, indent=1))
   plot_learning_curve(workdir / "rl" / "metrics.jsonl", workdir / "learning_curve.png",
                       sft_acc=sft_acc, task=config.data.task)

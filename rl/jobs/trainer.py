@@ -19,10 +19,11 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from configs import common
 from models.sharding import to_host
 from models.tokenizer import load_tokenizer
 from models.transformer import Transformer
+from rl.config.model import build_policy, model_config
+from rl.config.validation import check_paths, validate
 from rl.core import advantages as adv_lib
 from rl.core import algorithms
 from rl.core import losses
@@ -110,8 +111,8 @@ class Trainer:
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
     self.t_leg = time.perf_counter()  # this process's share of the run's wall time
-    common.validate(config)
-    common.check_paths(config)
+    validate(config)
+    check_paths(config)
     self.config = c = config
     self.workdir = workdir_path(workdir)
     self.checkpointer = Checkpointer(self.workdir / "checkpoints",
@@ -119,7 +120,7 @@ class Trainer:
                                      save_every=c.train.checkpoint_every)
     save_run_config(self.workdir, c, resuming=self.checkpointer.latest_step() is not None)
     self.tokenizer = load_tokenizer(c.tokenizer)
-    self.model_cfg = common.model_config(c)
+    self.model_cfg = model_config(c)
 
     # -------------------------------------------------------------- Data
     self.tools = ToolUse(c, self.tokenizer) if c.tools.enabled else None
@@ -142,7 +143,7 @@ class Trainer:
         c.train.prompts_per_step * c.train.samples_per_prompt // c.train.mini_batches
         // c.train.micro_batches,
         "a micro-batch (prompts_per_step x samples_per_prompt / mini_batches / micro_batches)")
-    policy = common.build_policy(c, self.placement.mesh)
+    policy = build_policy(c, self.placement.mesh)
     self.graphdef, params, self.rest = nnx.split(policy, nnx.Param, ...)
     self.rest = jax.device_put(self.rest, self.placement.replicated)
     # Policy and critic share config.optim but for the learning rate.

@@ -31,9 +31,12 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from configs import common
 from models.tokenizer import load_tokenizer
 from models.transformer import Transformer
+from rl.config.defaults import base_config
+from rl.config.describe import leaves
+from rl.config.model import model_config
+from rl.config.validation import validate
 from rl.core import advantages as adv_lib
 from rl.core import algorithms
 from rl.rollout import engine as rollout_lib
@@ -235,14 +238,14 @@ def tests_from_tcg(tasks: Sequence[CodingTask], generated: Sequence[Sequence[tup
 
 
 def _model(config: ml_collections.ConfigDict, *, head: str, seed: int) -> Transformer:
-  cfg = common.model_config(config)
+  cfg = model_config(config)
   if head == "scalar":
     cfg = cfg.replace(head="scalar", tie_embeddings=False)
   return Transformer(cfg, rngs=nnx.Rngs(params=seed))
 
 
 # What self-play reads of a config; every other field must keep its neutral value (the `rl`
-# section: rl/algorithms.BASE, every RL feature off; the others: common.base_config's), so a
+# section: rl/core/algorithms.BASE, every RL feature off; the others: base_config's), so a
 # setting self-play would ignore (dynamic sampling, a reference model's KL, a critic, a mesh,
 # prompt files, ...) is refused rather than silently not run.
 SELF_PLAY_READS = (
@@ -256,10 +259,10 @@ SELF_PLAY_READS = (
 
 def refuse_unread(c: ml_collections.ConfigDict) -> None:
   """ValueError naming every field self-play would ignore that is not at its neutral value."""
-  neutral = common.leaves(common.base_config())
+  neutral = leaves(base_config())
   neutral.update({f"rl.{k}": v for k, v in algorithms.BASE.items()})
   unread = [f"config.{field}={value!r} (self-play: {neutral[field]!r})"
-            for field, value in common.leaves(c).items()
+            for field, value in leaves(c).items()
             if not any(field == r or (r.endswith(".") and field.startswith(r))
                        for r in SELF_PLAY_READS) and value != neutral[field]]
   if unread:
@@ -271,7 +274,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """The O1-Coder pipeline on generated tasks (module docstring); returns the results."""
   c = config
   o = c.o1
-  common.validate(c)
+  validate(c)
   refuse_unread(c)
   os.makedirs(workdir, exist_ok=True)
   t_start = time.perf_counter()

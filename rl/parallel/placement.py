@@ -35,18 +35,40 @@ import optax
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from configs import common
 from models import memory, planner
 from models import remat as remat_lib
 from models import sharding as sharding_lib
+from rl.config.checks import allowed
+from rl.config.model import model_config
 from rl.core import train_step as ts
+
+
+def check_mesh(mesh: ml_collections.ConfigDict) -> None:
+  """config.mesh's checker (what `Placement.from_config` reads): ValueError naming the field."""
+  for table in ("shape", "dcn"):
+    sizes = mesh[table]
+    unknown = sorted(set(sizes) - set(sharding_lib.MESH_AXES))
+    if unknown:
+      raise ValueError(f"config.mesh.{table}: unknown axes {unknown}; allowed: "
+                       f"{list(sharding_lib.MESH_AXES)}")
+    for axis, size in sizes.items():
+      if size < 1 and not (table == "shape" and size == -1):
+        rule = "positive or -1 (the devices left over)" if table == "shape" else ">= 1"
+        raise ValueError(f"config.mesh.{table}.{axis}={size}: must be {rule}")
+  if list(mesh.shape.values()).count(-1) > 1:
+    raise ValueError(f"config.mesh.shape={mesh.shape.to_dict()}: at most one axis may be -1")
+  if mesh.devices < 0:
+    raise ValueError(f"config.mesh.devices={mesh.devices}: must be >= 0 (0: the local "
+                     "device count)")
+  if mesh.device_kind:
+    allowed("mesh.device_kind", mesh.device_kind, sorted(planner.DEVICES))
 
 
 def workload(config, *, prompt_len: int | None = None) -> planner.Workload:
   """The planner's Workload of a run config (the sequence length launch/dry_run.py assumes);
   the rollout decodes all of a step's sequences at once unless config.rollout.batch_size says
   less."""
-  cfg = common.model_config(config)
+  cfg = model_config(config)
   if prompt_len is None:
     prompt_len = memory.default_prompt_len(cfg, config.rollout.max_new_tokens)
   length = prompt_len + config.rollout.max_new_tokens
@@ -65,7 +87,7 @@ def workload(config, *, prompt_len: int | None = None) -> planner.Workload:
 def best_mesh(config, devices: int, device: planner.DeviceSpec) -> planner.Plan:
   """The planner's best plan for a run config keeping its own remat policy and optimiser
   placement: what `config.mesh.auto=True` uses."""
-  cfg = common.model_config(config)
+  cfg = model_config(config)
   work = workload(config)
   return planner.plan(cfg, work, devices, device, remats=(cfg.remat,),
                       offload_optimizer=(work.offload_optimizer,))[0]

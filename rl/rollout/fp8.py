@@ -51,11 +51,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import weakref
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from rl.config.checks import allowed
 
 WEIGHT_DTYPES = ("", "fp8_e4m3")  # config.rollout.weight_dtype: "" = the trainer's weights
 FP8_DTYPE = jnp.float8_e4m3fn
@@ -206,6 +209,14 @@ def state_nbytes(state) -> int:
   leaves = jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, QuantizedWeight))
   return sum(x.nbytes if isinstance(x, QuantizedWeight) else x.size * x.dtype.itemsize
              for x in leaves)
+
+
+def check_sampler_weights(rollout: Any) -> None:
+  """config.rollout's sampler-weight fields, as the trainer passes them to `SamplerWeights`."""
+  allowed("rollout.weight_dtype", rollout.weight_dtype, WEIGHT_DTYPES)
+  if rollout.weight_block_size < 0:
+    raise ValueError(f"config.rollout.weight_block_size={rollout.weight_block_size}: must be "
+                     ">= 0 (0: one scale per output channel)")
 
 
 class SamplerWeights:

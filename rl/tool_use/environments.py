@@ -22,6 +22,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from rl.config.checks import allowed, positive
 from rl.tool_use import calls
 from rl.tool_use.calls import ToolContext, ToolFailure, register_tool
 
@@ -53,6 +54,30 @@ def get(name: str) -> Environment:
   if name not in ENVIRONMENTS:
     raise ValueError(f"unknown tool environment {name!r}; known: {sorted(ENVIRONMENTS)}")
   return ENVIRONMENTS[name]
+
+
+def check_tools(tools: Any, *, job: str) -> None:
+  """config.tools' checker (the section rl/tool_use/episodes.py reads) for a run of config.job:
+  ValueError naming the field."""
+  if not tools.enabled:
+    return
+  if job != "rl":
+    raise ValueError(f"config.tools.enabled=True with config.job={job!r}: tool-use episodes "
+                     "run in the RL job only (job='rl')")
+  names = [name.strip() for name in tools.environments.split(",") if name.strip()]
+  if not names:
+    raise ValueError("config.tools.environments: name at least one of "
+                     f"{sorted(ENVIRONMENTS)} (comma-separated)")
+  for name in names:
+    allowed("tools.environments", name, sorted(ENVIRONMENTS))
+  positive(tools, "tools", "max_turns", "max_tool_tokens", "timeout_s", "workers", "waves")
+  if tools.warm_start_steps < 0:
+    raise ValueError(f"config.tools.warm_start_steps={tools.warm_start_steps}: must be >= 0")
+  if not 0.0 <= tools.judge_weight <= 1.0:
+    raise ValueError(f"config.tools.judge_weight={tools.judge_weight}: must be in [0, 1]")
+  if tools.judge_weight and not tools.judge_hf_dir:
+    raise ValueError("config.tools.judge_weight > 0 needs config.tools.judge_hf_dir (a local "
+                     "HF checkpoint of the generative judge)")
 
 
 def make_entries(names: Sequence[str], size: int, seed: int) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Every field of configs/common.base_config() is live: changing it changes what a run does.
+"""Every field of rl/config/defaults.py base_config() is live: changing it changes what a run does.
 
 Each leaf field (dotted name, e.g. "rl.clip_high", "mesh.shape.data") is claimed by exactly one
 of: a probe of this file (PROBES: the field's changed value, the context it matters in and the
@@ -7,7 +7,7 @@ needs a liveness proof (or a stated reason) before it can land.
 
 The probes observe, from the default and the changed config:
   model    the lowered (not compiled) forward + backward program of the config's model
-           (common.model_config, the path the trainer and SFT build the policy from);
+           (rl/config/model.py model_config, the path the trainer and SFT build the policy from);
   update   the lowered RL update programs a Trainer builds (policy, critic, router rebalance);
   rollout  the lowered rollout engine of the Trainer's sampling and evaluation settings;
   sft      the lowered SFT steps, batches, checkpoint steps and log lines of rl/sft.run, with
@@ -32,7 +32,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import common
+from rl.config.defaults import base_config
+from rl.config.describe import leaves
+from rl.config.model import build_policy, model_config
+from rl.config.validation import validate
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -261,7 +264,7 @@ def test_every_field_is_claimed_once():
   """Every leaf field of base_config() has exactly one claim (a probe or a stated reason) and
   every claim names a real field: fails when a field is added without a liveness proof, or
   removed while still claimed."""
-  fields = list(common.leaves(common.base_config()))
+  fields = list(leaves(base_config()))
   both = sorted(set(PROBES) & set(NOT_COVERED))
   assert not both, f"claimed twice: {both}"
   unclaimed = sorted(set(fields) - set(PROBES) - set(NOT_COVERED))
@@ -312,7 +315,7 @@ def resources(tmp_path_factory):
   from models import hf
   from rl.jobs.checkpoint import Checkpointer
   c = config_for({"seed": 1}, out)
-  policy = common.build_policy(c)
+  policy = build_policy(c)
   _, params, rest = nnx.split(policy, nnx.Param, ...)
   ckpt = Checkpointer(root / "init")
   ckpt.save(0, {"params": params, "rest": rest}, {"step": 0}, force=True)
@@ -324,9 +327,9 @@ def resources(tmp_path_factory):
 
 
 def config_for(overrides: dict, resources: dict | None = None) -> ml_collections.ConfigDict:
-  """base_config() with BASE and `overrides` (dotted names; "{name}" in a string value is a
-  path of `resources`), validated."""
-  c = common.base_config()
+  """base_config(algorithm="dapo") with BASE and `overrides` (dotted names; "{name}" in a
+  string value is a path of `resources`), validated."""
+  c = base_config(algorithm="dapo")
   for key, value in {**BASE, **overrides}.items():
     if isinstance(value, str) and "{" in value:
       value = value.format(**resources)
@@ -337,7 +340,7 @@ def config_for(overrides: dict, resources: dict | None = None) -> ml_collections
         target[name] = ml_collections.ConfigDict(value)
     else:
       target[name] = value
-  common.validate(c)
+  validate(c)
   return c
 
 
@@ -362,7 +365,7 @@ def _trainer(c, workdir):
 def probe_model(c, workdir, res):
   """Lowered forward + backward of the config's model on 2 x 32 tokens (abstract parameters)."""
   from models.transformer import Transformer
-  cfg = common.model_config(c)
+  cfg = model_config(c)
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0)))
   graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
 
@@ -437,7 +440,7 @@ def probe_prompts(c, workdir, res):
   """The Trainer's encoded training and held-out prompts (or the error refusing the data)."""
   try:
     t = _trainer(c, workdir)
-  except ValueError as e:  # common.InputError included
+  except ValueError as e:  # InputError included
     return ["error", str(e)]
   return [t.train_prompts, t.heldout_prompts]
 

@@ -9,7 +9,11 @@ import sys
 import pytest
 from ml_collections import config_flags  # noqa: F401  (the launcher's flag type)
 
-from configs import common
+from rl.config.checks import InputError
+from rl.config.defaults import base_config
+from rl.config.describe import describe_rl
+from rl.config.model import build_policy, model_config
+from rl.config.validation import check_paths, validate
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CONFIG_FILES = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
@@ -24,11 +28,11 @@ def load(path, arg=None):
 
 
 @pytest.mark.parametrize("path", [p for p in CONFIG_FILES
-                                  if os.path.basename(p) not in ("__init__.py", "common.py")])
+                                  if os.path.basename(p) not in ("__init__.py", "qwen.py")])
 def test_every_config_validates(path):
   """Each config file's get_config() returns a locked config that passes validation."""
   config = load(path)
-  common.validate(config)
+  validate(config)
   with pytest.raises(AttributeError):
     config.rl.clip_hihg = 0.3  # locked: unknown keys are errors
 
@@ -37,8 +41,8 @@ def test_every_config_validates(path):
 def test_demo_variants(variant):
   """The demo's algorithm variants select their recipes."""
   config = load(os.path.join(ROOT, "configs", "demo.py"), variant)
-  common.validate(config)
-  assert common.describe_rl(config).startswith(variant)
+  validate(config)
+  assert describe_rl(config).startswith(variant)
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -64,7 +68,7 @@ def test_bad_values_name_the_field(field, value, message):
   with target.unlocked() if hasattr(target, "unlocked") else config.unlocked():
     target[key] = value
   with pytest.raises(ValueError, match=message):
-    common.validate(config)
+    validate(config)
 
 
 NAN, INF = float("nan"), float("inf")
@@ -109,22 +113,62 @@ def test_bad_numbers_name_the_field(field, value, message):
   section, _, key = field.rpartition(".")
   with config.unlocked():
     config[section][key] = value
-  with pytest.raises(common.InputError, match=message):
-    common.validate(config)
+  with pytest.raises(InputError, match=message):
+    validate(config)
 
 
 def test_missing_tokenizer_and_hf_dir_are_named(tmp_path):
   """check_paths (run before a job builds anything) names config.tokenizer or
   config.init_hf_dir when the directory is not there."""
   config = load(os.path.join(ROOT, "configs", "demo.py"))
-  common.check_paths(config)
+  check_paths(config)
   config.tokenizer = str(tmp_path / "no_tokenizer")
-  with pytest.raises(common.InputError, match=r"config.tokenizer='.*no_tokenizer': no such"):
-    common.check_paths(config)
+  with pytest.raises(InputError, match=r"config.tokenizer='.*no_tokenizer': no such"):
+    check_paths(config)
   config.tokenizer = "byte"
   config.init_hf_dir = str(tmp_path)
-  with pytest.raises(common.InputError, match=r"config.init_hf_dir='.*': no config.json"):
-    common.check_paths(config)
+  with pytest.raises(InputError, match=r"config.init_hf_dir='.*': no config.json"):
+    check_paths(config)
+
+
+def test_bare_defaults_are_a_valid_run():
+  """base_config() on its own passes validation and the start-of-run path checks: every
+  default is a usable value (the recipes only change what they need)."""
+  config = base_config()
+  validate(config)
+  check_paths(config)
+
+
+@pytest.mark.parametrize("name", ["qwen2_5_math_dapo.py", "vapo_qwen.py",
+                                  "deepseek_v32_moe_tpu.py"])
+def test_recipes_leave_the_prompt_files_to_the_user(name):
+  """The recipes that train on prompt files name none of this machine's (they validate, so a
+  dry run plans them anywhere); a run without config.data.train_files stops at start naming
+  the field."""
+  config = load(os.path.join(ROOT, "configs", name))
+  assert config.data.source == "files" and config.data.train_files == ""
+  validate(config)
+  config.tokenizer, config.init_hf_dir = "byte", ""  # the paths checked before the data's
+  with pytest.raises(InputError, match=r"^config.data.train_files is empty: "):
+    check_paths(config)
+
+
+def test_missing_prompt_files_are_named(tmp_path):
+  """check_paths names the data field whose path, or glob, finds no file; found ones pass."""
+  train, heldout = tmp_path / "train.jsonl", tmp_path / "heldout.jsonl"
+  for path in (train, heldout):
+    path.write_text('{"prompt": "1 + 1?", "answer": "2"}\n')
+  config = load(os.path.join(ROOT, "configs", "demo.py"))
+  config.data.update(source="files", train_files=f"{train},{tmp_path}/none.jsonl",
+                     heldout_files=str(heldout))
+  with pytest.raises(InputError, match=r"config.data.train_files='.*': prompt file not found: "
+                                       r".*none.jsonl"):
+    check_paths(config)
+  config.data.train_files = str(tmp_path / "*.jsonl")
+  check_paths(config)
+  config.data.heldout_files = str(tmp_path / "*.parquet")
+  with pytest.raises(InputError, match=r"config.data.heldout_files='.*': no file matches"):
+    check_paths(config)
 
 
 def _one_line_error(cmd):
@@ -171,12 +215,12 @@ def test_launcher_reports_bad_config_and_typos():
 
 def test_indexer_loss_needs_an_indexer():
   """config.rl.indexer_coef on a model without DSA is refused before anything is built."""
-  c = common.base_config(preset="tiny_dense", algorithm="dapo")
+  c = base_config(preset="tiny_dense", algorithm="dapo")
   c.rl.overlong_buffer = 0
-  common.validate(c)
+  validate(c)
   c.rl.indexer_coef = 0.1
   with pytest.raises(ValueError, match=r"config.rl.indexer_coef=0.1: the model has no DSA"):
-    common.validate(c)
+    validate(c)
 
 
 def test_mesh_allows_one_open_axis():
@@ -184,7 +228,7 @@ def test_mesh_allows_one_open_axis():
   config = load(os.path.join(ROOT, "configs", "demo.py"))
   config.mesh.shape.fsdp = -1
   with pytest.raises(ValueError, match=r"config.mesh.shape=.*at most one axis may be -1"):
-    common.validate(config)
+    validate(config)
 
 
 def test_init_hf_dir_shapes_must_match_the_model(tmp_path):
@@ -192,16 +236,16 @@ def test_init_hf_dir_shapes_must_match_the_model(tmp_path):
   fails validation naming the field; a matching one (dtypes and context length free) passes."""
   import json
   from models import hf
-  config = common.base_config(preset="qwen2.5-1.5b", algorithm="grpo", param_dtype="float32")
+  config = base_config(preset="qwen2.5-1.5b", algorithm="grpo", param_dtype="float32")
   config.init_hf_dir = str(tmp_path)
-  hf_config = hf.config_to_hf(common.model_config(config).replace(param_dtype="bfloat16",
-                                                                  max_seq_len=4096))
+  hf_config = hf.config_to_hf(model_config(config).replace(param_dtype="bfloat16",
+                                                           max_seq_len=4096))
   (tmp_path / "config.json").write_text(json.dumps(hf_config))
-  common.validate(config)
+  validate(config)
   (tmp_path / "config.json").write_text(json.dumps(dict(hf_config, num_hidden_layers=30)))
   with pytest.raises(ValueError, match=r"config.model.n_layers=28 but .*config.json "
                                        r"\(config.init_hf_dir\) gives 30"):
-    common.validate(config)
+    validate(config)
 
 
 def test_init_hf_dir_starts_the_policy_from_the_checkpoint(tmp_path):
@@ -215,15 +259,15 @@ def test_init_hf_dir_starts_the_policy_from_the_checkpoint(tmp_path):
   from models.transformer import build
   saved = build("tiny_dense", seed=3, dtype="float32", param_dtype="float32")
   hf.save_pretrained(saved, str(tmp_path))
-  config = common.base_config(preset="tiny_dense", algorithm="grpo", dtype="float32",
-                              param_dtype="float32")
+  config = base_config(preset="tiny_dense", algorithm="grpo", dtype="float32",
+                       param_dtype="float32")
   config.init_hf_dir = str(tmp_path)
-  common.validate(config)
+  validate(config)
   tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 264)
-  np.testing.assert_allclose(common.build_policy(config)(tokens), saved(tokens), atol=1e-5)
+  np.testing.assert_allclose(build_policy(config)(tokens), saved(tokens), atol=1e-5)
   # the fields a config chooses freely reach the loaded model (MoE dispatch was dropped)
   config.model.update(moe_dispatch="dense", router_bias_rate=0.5, remat="full")
   config.kernel_backend = "reference"
-  loaded = common.build_policy(config).cfg
+  loaded = build_policy(config).cfg
   assert (loaded.moe_dispatch, loaded.router_bias_rate, loaded.remat, loaded.kernel_backend) == (
       "dense", 0.5, "full", "reference")

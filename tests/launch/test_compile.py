@@ -166,16 +166,17 @@ def test_planner_defers_to_the_compiler_on_a_tpu_slice(tpu_topologies):
   the slice, each with the compiler's update and rollout peaks and the planner/compiler ratio;
   the ones the compiler says fit come first."""
   import ml_collections
-  from configs import common, demo
+  from configs import demo
   from launch import dry_run
   from models import planner
+  from rl.config.model import model_config
   from rl.parallel import placement
   c = ml_collections.ConfigDict(demo.get_config().to_dict())
   c.train.prompts_per_step, c.train.samples_per_prompt = 4, 2
   devices = list(tpu_topologies["v5p:2x2x1"].devices)
   device = planner.spec_of(devices[0])
   assert device.name == "TPU v5p"
-  plans = planner.plan(common.model_config(c), placement.workload(c), len(devices), device,
+  plans = planner.plan(model_config(c), placement.workload(c), len(devices), device,
                        remats=("none",))
   rows = dry_run.verify_plans(c, plans, devices, top=2)
   assert [row["rank"] for row in rows if row["fits"]] == sorted(

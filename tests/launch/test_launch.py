@@ -11,10 +11,10 @@ import sys
 import pytest
 import yaml
 
-from configs import common
 from launch import dry_run, xm_launch
 from launch.gke import render
 from models.config import PUBLISHED_PARAMS
+from rl.config.defaults import base_config
 from rl.parallel import distributed
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -100,8 +100,8 @@ def test_compiled_memory_on_local_devices():
   aliased (donated) bytes equal the dry run's per-device parameter + optimiser bytes + the step
   counter, i.e. the partition-spec accounting is XLA's, and the analytic activation estimate
   is within 4x of XLA's temporaries."""
-  c = common.base_config(preset="tiny_dense", algorithm="grpo", d_model=256, mlp_dim=1024,
-                         n_heads=8, n_kv_heads=2, vocab_size=4096)
+  c = base_config(preset="tiny_dense", algorithm="grpo", d_model=256, mlp_dim=1024,
+                  n_heads=8, n_kv_heads=2, vocab_size=4096)
   c.mesh.shape.update(fsdp=4)
   c.train.prompts_per_step, c.train.samples_per_prompt = 8, 4
   c.rollout.max_new_tokens = 192
@@ -120,7 +120,7 @@ def test_compiled_memory_on_local_devices():
   assert r["param_bytes_per_device"] <= rollout["argument"] < 1.1 * r["param_bytes_per_device"]
   assert rollout["peak"] >= rollout["temp"] > 0 and rollout["flops"] > 0
   assert "for the rollout engine" in text and "compiled in" in text
-  big = common.base_config(preset="tiny_dense", algorithm="grpo")
+  big = base_config(preset="tiny_dense", algorithm="grpo")
   big.mesh.shape.update(data=1, fsdp=16)
   with pytest.raises(ValueError, match="cannot compile"):
     dry_run.report(big.lock(), compile_step=True)
@@ -132,8 +132,8 @@ def test_each_device_computes_only_its_rows_of_a_micro_batch():
   layer's activation rows to the batch axes). Without it, a micro-batch (one device's block of
   the mini-batch) was computed whole by every device (3.6x here)."""
   def temporaries(fsdp: int, prompts: int) -> int:
-    c = common.base_config(preset="tiny_dense", algorithm="grpo", d_model=128, mlp_dim=512,
-                           n_heads=4, n_kv_heads=2, vocab_size=1024, max_seq_len=1024)
+    c = base_config(preset="tiny_dense", algorithm="grpo", d_model=128, mlp_dim=512,
+                    n_heads=4, n_kv_heads=2, vocab_size=1024, max_seq_len=1024)
     c.mesh.shape.update(data=1, fsdp=fsdp)
     c.train.prompts_per_step, c.train.samples_per_prompt = prompts, 4
     c.train.micro_batches = 4
@@ -144,7 +144,7 @@ def test_each_device_computes_only_its_rows_of_a_micro_batch():
 
 def test_mesh_minus_one_takes_the_local_devices():
   """A -1 axis takes what the local devices leave; a fixed mesh bigger than them is abstract."""
-  c = common.base_config(preset="tiny_dense", algorithm="grpo")
+  c = base_config(preset="tiny_dense", algorithm="grpo")
   c.mesh.shape.update(data=-1, tensor=2)
   mesh, concrete = dry_run.mesh_for(c)
   assert concrete and dict(mesh.shape)["data"] == 4 and mesh.size == 8

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import common, demo
+from configs import demo
 from models import moe
 from models.transformer import build
+from rl.config.model import build_policy
+from rl.config.validation import validate
 from rl.jobs import sft
 from rl.core import train_step as ts
 from rl.jobs.checkpoint import Checkpointer
@@ -66,13 +68,13 @@ def small_sft_config(rate: float, coef: float) -> ml_collections.ConfigDict:
   c.data.train_size, c.data.heldout_size = 256, 64
   c.sft.update(epochs=8, batch_size=16, dense_warmup_steps=20, log_every=1000)
   c.mesh.devices = 1
-  common.validate(c)
+  validate(c)
   return c
 
 
 def heldout_load_cv(c, workdir) -> float:
   """Coefficient of variation of tokens per expert on the held-out SFT examples."""
-  model = common.build_policy(c)
+  model = build_policy(c)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   ckpt = Checkpointer(workdir + "/checkpoints")
   restored, _ = ckpt.restore(ckpt.latest_step(), {"params": params, "rest": rest}, partial=True)

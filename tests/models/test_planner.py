@@ -10,9 +10,11 @@ import sys
 
 import pytest
 
-from configs import common
 from launch import dry_run
 from models import planner
+from rl.config.defaults import base_config
+from rl.config.model import model_config
+from rl.config.validation import validate
 from rl.parallel import placement
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -20,7 +22,7 @@ MESH_AXES = dict(data=1, fsdp=1, expert=1, sequence=1, tensor=1)
 
 
 def small_config(preset: str, mesh: dict, remat: str, **model):
-  c = common.base_config(preset=preset, algorithm="dapo", remat=remat, **model)
+  c = base_config(preset=preset, algorithm="dapo", remat=remat, **model)
   c.mesh.shape.update(mesh)
   c.rollout.max_new_tokens = 96
   c.rl.overlong_buffer = 0
@@ -40,7 +42,7 @@ def test_memory_estimate_matches_compiled_update(preset, mesh, remat):
   (arguments + outputs - aliased + temporaries) of rl/train_step.make_update on that mesh."""
   config = small_config(preset, mesh, remat)
   compiled = dry_run.report(config, prompt_len=32, compile_step=True)["compiled"]
-  plan = planner.estimate(common.model_config(config), placement.workload(config, prompt_len=32),
+  plan = planner.estimate(model_config(config), placement.workload(config, prompt_len=32),
                           dict(MESH_AXES, **mesh), planner.DEVICES["h100"], remat)
   assert plan.memory["reference"] == 0
   assert 0.8 < plan.memory["update"] / compiled["peak"] < 1.2, (plan.memory, compiled)
@@ -49,7 +51,7 @@ def test_memory_estimate_matches_compiled_update(preset, mesh, remat):
 def test_parameter_bytes_equal_the_dry_runs_partition_specs():
   config = small_config("tiny_qwen3_moe", dict(data=1, fsdp=2, expert=2, tensor=2), "none")
   r = dry_run.report(config, prompt_len=32, compile_step=False)
-  plan = planner.estimate(common.model_config(config), placement.workload(config, prompt_len=32),
+  plan = planner.estimate(model_config(config), placement.workload(config, prompt_len=32),
                           r["mesh_shape"], planner.DEVICES["h100"], "none")
   assert plan.memory["params"] == r["param_bytes_per_device"]
   assert plan.memory["optimizer"] == pytest.approx(r["optimizer_bytes_per_device"], abs=64)
@@ -60,7 +62,7 @@ def test_ranking_fits_first_then_faster_and_remat_trades_time_for_memory():
   fitting ones by step time and the rest by memory; full remat needs fewer activation bytes
   and more time than none on the same mesh; offloading the optimiser frees its bytes."""
   config = small_config("tiny_dense", dict(data=-1), "none")
-  cfg = common.model_config(config)
+  cfg = model_config(config)
   work = placement.workload(config, prompt_len=32)
   small = dataclasses.replace(planner.DEVICES["h100"], hbm_bytes=2.5e6)
   plans = planner.plan(cfg, work, 8, small, remats=("none", "full"),
@@ -86,8 +88,8 @@ def test_ranking_fits_first_then_faster_and_remat_trades_time_for_memory():
 def test_candidate_meshes_respect_the_model():
   """Expert parallelism only for MoE models and dividing the experts; tensor parallelism
   dividing the heads and inside one NVLink domain."""
-  dense = common.model_config(small_config("tiny_dense", dict(data=-1), "none"))
-  moe = common.model_config(small_config("tiny_qwen3_moe", dict(data=-1), "none"))
+  dense = model_config(small_config("tiny_dense", dict(data=-1), "none"))
+  moe = model_config(small_config("tiny_qwen3_moe", dict(data=-1), "none"))
   h100 = planner.DEVICES["h100"]
   assert all(m["expert"] == 1 for m in planner.candidate_meshes(dense, 16, h100))
   moe_meshes = planner.candidate_meshes(moe, 16, h100)
@@ -99,7 +101,7 @@ def test_candidate_meshes_respect_the_model():
 def test_mesh_auto_takes_the_best_plan():
   """config.mesh.auto=True: the dry run uses the planner's best mesh for the config's remat
   policy (here 8 H100s; the model is tiny, so every plan fits)."""
-  c = common.base_config(preset="tiny_dense", algorithm="dapo", remat="full")
+  c = base_config(preset="tiny_dense", algorithm="dapo", remat="full")
   c.mesh.update(auto=True, devices=8, device_kind="h100")
   c.rl.overlong_buffer = 0
   c.train.update(prompts_per_step=4, samples_per_prompt=2)
@@ -116,7 +118,7 @@ def test_mesh_auto_takes_the_best_plan():
   assert placement.best_mesh(c, 8, planner.DEVICES["h100"]).offload_optimizer
   c.mesh.device_kind = "tpu_v9"
   with pytest.raises(ValueError, match="config.mesh.device_kind='tpu_v9'"):
-    common.validate(c)
+    validate(c)
 
 
 def test_device_numbers_are_the_published_ones():

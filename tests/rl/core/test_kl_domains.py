@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import common
 from models.tokenizer import ByteTokenizer
 from models.transformer import build
+from rl.config.defaults import base_config
 from rl.core import algorithms
 from rl.core import train_step as ts
 from rl.rewards import puzzles
@@ -20,7 +20,7 @@ BETAS = "math=0.1, addition=0.5"
 
 
 def _config():
-  c = common.base_config()
+  c = base_config(algorithm="dapo")
   c.rl.kl_coef = 0.01
   c.rl.kl_coef_per_domain = BETAS
   return c

@@ -180,8 +180,8 @@ def test_state_round_trip_gives_identical_decisions():
 # ----------------------------------------------------------------------------- PromptCurriculum
 
 def data_section(**changes):
-  from configs import common
-  c = common.base_config()
+  from rl.config.defaults import base_config
+  c = base_config()
   for key, value in changes.items():
     c.data[key] = value
   return c.data

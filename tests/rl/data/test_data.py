@@ -183,8 +183,8 @@ def test_non_parquet_file_named_as_parquet_names_the_file(tmp_path):
 
 def files_config(tmp_path, rows, **data):
   """A config reading `rows` (dicts) from train.jsonl, with one ordinary held-out prompt."""
-  from configs import common
-  c = common.base_config(preset="tiny_dense", algorithm="grpo")
+  from rl.config.defaults import base_config
+  c = base_config(preset="tiny_dense", algorithm="grpo")
   c.data.update(source="files", train_files=str(write_jsonl(tmp_path / "train.jsonl", rows)),
                 heldout_files=str(write_jsonl(tmp_path / "heldout.jsonl",
                                               [{"prompt": "1+1?", "answer": "2"}])), **data)

@@ -259,14 +259,15 @@ def orbax_checkpoints(tmp_path_factory):
   import jax.numpy as jnp
   from flax import nnx
 
-  from configs import common, demo
+  from configs import demo
   from models.transformer import Transformer
+  from rl.config.model import model_config
   from rl.core import train_step
   from rl.jobs.checkpoint import Checkpointer
   config = demo.get_config()
   root = tmp_path_factory.mktemp("orbax")
-  abstract = nnx.eval_shape(lambda: Transformer(common.model_config(config),
-                                                 rngs=nnx.Rngs(params=config.seed)))
+  abstract = nnx.eval_shape(lambda: Transformer(model_config(config),
+                                                rngs=nnx.Rngs(params=config.seed)))
   graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
   rng = np.random.default_rng(7)
   params, rest = jax.tree.map(

@@ -16,7 +16,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from configs import common
+from rl.config.checks import InputError
+from rl.config.defaults import base_config
+from rl.config.validation import validate
 from rl.jobs import checkpoint
 from rl.jobs.trainer import Trainer
 
@@ -24,7 +26,7 @@ from rl.jobs.trainer import Trainer
 def tiny_config(**overrides) -> ml_collections.ConfigDict:
   """A 2-layer dense model on single-digit sums, 2 prompts x 2 samples, 8 new tokens, one
   device; checkpoints only at the end (or when preempted)."""
-  c = common.base_config(preset="tiny_dense", algorithm="grpo")
+  c = base_config(preset="tiny_dense", algorithm="grpo")
   c.data.update(difficulty=0, train_size=16, heldout_size=8)
   c.rollout.max_new_tokens = 8
   c.rl.dynamic_sampling = False
@@ -35,7 +37,7 @@ def tiny_config(**overrides) -> ml_collections.ConfigDict:
   for key, value in overrides.items():
     section, _, field = key.rpartition(".")
     (c[section] if section else c)[field] = value
-  common.validate(c)
+  validate(c)
   return c.lock()
 
 
@@ -224,7 +226,7 @@ def test_resume_with_another_model_shape_is_refused_naming_the_fields(straight_r
   _, _, workdir = straight_run
   saved = json.loads(open(os.path.join(workdir, "config.json")).read())
   assert saved["model"]["d_model"] == 64 and saved["train"]["steps"] == 3
-  with pytest.raises(common.InputError,
+  with pytest.raises(InputError,
                      match=r"config.model.d_model=64 there, 128 now; config.model.n_layers=2 "
                            r"there, 3 now"):
     Trainer(tiny_config(**{"model.d_model": 128, "model.n_layers": 3}), workdir)

@@ -12,7 +12,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from configs import common, demo
+from configs import demo
+from rl.config.validation import validate
 from rl.jobs import sft_then_rl
 from rl.jobs.trainer import Trainer
 from scripted_rollout import scripted_trajectories
@@ -39,7 +40,7 @@ def small_config(algorithm="dapo", **overrides) -> ml_collections.ConfigDict:
   for key, value in overrides.items():
     section, _, field = key.rpartition(".")
     (c[section] if section else c)[field] = value
-  common.validate(c)
+  validate(c)
   return c
 
 

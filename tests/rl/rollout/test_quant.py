@@ -13,8 +13,9 @@ import optax
 import pytest
 from flax import nnx
 
-from configs import common, demo
+from configs import demo
 from models.transformer import build
+from rl.config.validation import validate
 from rl.rollout import fp8, engine
 
 
@@ -121,13 +122,13 @@ def test_sampler_weights_requantise_only_after_an_update():
 def test_config_field_is_validated():
   c = ml_collections.ConfigDict(demo.get_config().to_dict())
   c.rollout.weight_dtype = "fp8_e4m3"
-  common.validate(c)
+  validate(c)
   c.rollout.weight_dtype = "fp8"
   with pytest.raises(ValueError, match="rollout.weight_dtype"):
-    common.validate(c)
+    validate(c)
   c.rollout.weight_dtype, c.rollout.weight_block_size = "fp8_e4m3", -1
   with pytest.raises(ValueError, match="rollout.weight_block_size"):
-    common.validate(c)
+    validate(c)
 
 
 # ------------------------------------------------------------------ a (briefly) trained model

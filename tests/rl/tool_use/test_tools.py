@@ -18,11 +18,13 @@ import optax
 import pytest
 from flax import nnx
 
-from configs import common, tool_demo
+from configs import tool_demo
 from models.config import get_config as get_model_config
 from models.padding import round_up
 from models.tokenizer import ByteTokenizer
 from models.transformer import Transformer
+from rl.config.defaults import model_section
+from rl.config.validation import validate
 from rl.core import algorithms
 from rl.core import train_step as ts
 from rl.rewards import sandbox
@@ -361,7 +363,7 @@ def tool_config(*, demo_model: bool = False, **overrides) -> ml_collections.Conf
   start; the smallest dense model and Dr. GRPO (no reference model) unless `demo_model`."""
   c = ml_collections.ConfigDict(tool_demo.get_config("trip_planning").to_dict())
   if not demo_model:
-    c.model = common.model_section("tiny_dense", max_seq_len=1024)
+    c.model = model_section("tiny_dense", max_seq_len=1024)
     c.rl = algorithms.recipe("dr_grpo")
   c.data.train_size = 8
   c.data.heldout_size = 4
@@ -377,7 +379,7 @@ def tool_config(*, demo_model: bool = False, **overrides) -> ml_collections.Conf
   for key, value in overrides.items():
     section, _, field = key.rpartition(".")
     (c[section] if section else c)[field] = value
-  common.validate(c)
+  validate(c)
   return c
 
 
@@ -390,7 +392,7 @@ def test_config_validation_names_tool_fields():
     with pytest.raises(ValueError, match=field):
       tool_config(**overrides)
   for arg in ("", "code_math"):
-    common.validate(tool_demo.get_config(arg))
+    validate(tool_demo.get_config(arg))
 
 
 def check_tool_run(workdir: str, last: dict) -> None:

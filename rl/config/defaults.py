@@ -1,0 +1,172 @@
+"""The run config's sections and their defaults: `base_config(preset=, algorithm=)`.
+
+A recipe (configs/*.py) starts from base_config, changes what it needs, and returns the config
+locked: an unknown key (e.g. a typo in `--config.rl.clip_hihg=0.3`) is an error. The bare
+defaults are a valid run (a tiny MoE + MLA + DSA policy, GRPO on generated arithmetic); the
+comment on each section names the module that reads it, where its checker lives too
+(rl/config/validation.py calls them all).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from models.config import get_config as get_model_config
+from rl.core import algorithms
+
+
+def model_section(preset: str, **overrides) -> ml_collections.ConfigDict:
+  """Every ModelConfig field of the preset (so each is overridable and typos fail) but the
+  kernel backend, which is the run's config.kernel_backend. The preset's name is not kept:
+  `describe_model` (rl/config/describe.py) names the preset a config matches and the fields
+  that differ."""
+  fields = dataclasses.asdict(get_model_config(preset, **overrides))
+  del fields["kernel_backend"]
+  return ml_collections.ConfigDict(fields)
+
+
+def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
+                **model_overrides) -> ml_collections.ConfigDict:
+  """Every section of a run config at its default, the model section from a preset of
+  models/config.py (with `model_overrides`) and the rl section from a recipe of
+  rl/core/algorithms.py. The defaults validate as they are; "grpo" is the default recipe
+  because "dapo"'s overlong buffer (4096 tokens, for 20480-token responses) does not fit the
+  default 16-token rollout."""
+  c = ml_collections.ConfigDict()
+  c.job = "rl"
+  c.seed = 0
+  c.model = model_section(preset, **model_overrides)
+  c.tokenizer = "byte"
+  c.init_checkpoint = ""  # orbax checkpoint directory of an earlier stage (e.g. SFT)
+  # Local Hugging Face checkpoint directory (config.json + safetensors) the policy starts from;
+  # "" = random init. Its config.json must describe the same shapes as config.model.
+  c.init_hf_dir = ""
+  # DSA kernels (kernels/__init__.py): "auto" (by platform), "reference", "interpret", "gpu", "tpu".
+  c.kernel_backend = "auto"
+  # Device mesh (models/sharding.py, rl/parallel/placement.py): in-slice size of every axis, one of
+  # which may be -1 (the devices left over; the default puts them all on "data"), and
+  # across-slice (DCN) factors for multi-slice TPU pods or multi-host GPU clusters. The
+  # trainer and SFT use the first `devices` local devices (0: all of them) as
+  # sharding.mesh_from_config(dict(config.mesh.shape, dcn=config.mesh.dcn)).
+  # auto=True: the shape of the best plan of models/planner.py for `devices` (0: the local
+  # device count; --dry_run may plan more than there are) devices of `device_kind` ("": the
+  # local kind; one of planner.DEVICES), keeping config.model.remat and
+  # config.optim.offload_state.
+  c.mesh = ml_collections.ConfigDict(dict(
+      shape=dict(data=-1, fsdp=1, expert=1, tensor=1),
+      dcn=dict(data=1, fsdp=1, expert=1, tensor=1),
+      auto=False, devices=0, device_kind="",
+  ))
+
+  c.data = ml_collections.ConfigDict(dict(
+      # "puzzles": generated problems of `task`; "files": prompt records (rl/data/sources.py)
+      # from `train_files` / `heldout_files` (comma-separated paths or globs, jsonl/parquet),
+      # graded by domain (math verifier, code sandbox, puzzle verifiers). No recipe names a
+      # machine's files: the user sets them, and check_paths names an empty or missing one.
+      source="puzzles",
+      train_files="",
+      heldout_files="",
+      skip_bad_records=False,  # True: malformed rows are skipped and counted, not an error
+      task="arithmetic",  # a task of rl/rewards/puzzles.py
+      difficulty=0,
+      train_size=2000,
+      heldout_size=200,
+      heldout_seed=10_000,  # a different generator seed: held-out problems never trained on
+      prompt_template="plain",  # a template of rl/data/templates.py ("chat": the chat template)
+      # How RL steps draw prompts (rl/data/curriculum.py PromptCurriculum): "" uniform;
+      # "difficulty" raises a generated task's level once its accuracy averages >= threshold
+      # over `window` steps; "staged" follows curriculum_stages ("0:code=1;200:code=1,math=1");
+      # "online" reweights domains by their recent accuracy. Its state is checkpointed.
+      curriculum="",
+      curriculum_stages="",
+      curriculum_threshold=0.8,
+      curriculum_window=10,
+  ))
+  c.rollout = ml_collections.ConfigDict(dict(
+      max_new_tokens=16,
+      temperature=1.0,
+      top_p=1.0,
+      top_k=0,
+      prompt_bucket=16,
+      eval_temperature=0.0,  # greedy evaluation
+      # Decode slots (rl/rollout/engine.py): 0 = every sequence of a generation batch at once
+      # (static batching); N = continuous batching over N slots, refilled `prefill_batch`
+      # prompts at a time (0: N // 4) as sequences finish. Samples do not depend on it; memory
+      # does.
+      batch_size=0,
+      prefill_batch=0,
+      # Sampler weights (rl/rollout/fp8.py): "" = the trainer's own; "fp8_e4m3" = the big matmul
+      # weights post-training-quantised to FP8 after every update, with one scale per output
+      # channel and block of `weight_block_size` inputs (0: the whole input axis).
+      weight_dtype="",
+      weight_block_size=0,
+      # Streaming rollouts (rl/rollout/streaming.py): partial generations carry over between steps
+      # (alpha = on_policy_fraction of each batch from the current policy, tokens at most
+      # max_staleness versions old, round_tokens per engine round). The pool is not in the
+      # checkpoint: a resumed run starts with an empty one.
+      streaming=dict(enabled=False, on_policy_fraction=0.5, max_staleness=1, round_tokens=64),
+  ))
+  # The update rule (rl/core: advantages, losses, train_step; rl/core/algorithms.py checks it).
+  c.rl = ml_collections.ConfigDict(algorithms.recipe(algorithm))
+  # The RL optimiser, policy and critic (rl/jobs/trainer.py).
+  c.optim = ml_collections.ConfigDict(dict(
+      lr=1e-4, warmup_steps=5, weight_decay=0.0, grad_clip=1.0, b1=0.9, b2=0.99,
+      critic_lr=2e-4,
+      # Keep the AdamW state in pinned host memory between updates (models/remat.py).
+      offload_state=False,
+  ))
+  # Supervised fine-tuning (rl/jobs/sft.py; the tool warm start reads batch_size, lr, grad_clip).
+  c.sft = ml_collections.ConfigDict(dict(
+      batch_size=32,  # rows per step (each one example, or several with pack)
+      epochs=2,
+      max_len=0,  # row width in tokens; 0: the longest example. Longer responses are cut.
+      pack=False,  # several examples per row (segment ids keep them apart)
+      lr=1e-3,
+      warmup_steps=20,
+      final_lr_fraction=0.1,  # cosine decay from lr to lr * this
+      weight_decay=0.0,
+      grad_clip=1.0,  # global-norm clip of each step's gradient (also the tool warm start)
+      log_every=20,
+      checkpoint_every=200,  # optimiser steps between checkpoints (and one at the end)
+      # DSA models: weight of the indexer KL loss (0 leaves the indexer untrained), and the
+      # steps of dense attention (indexer fitted to it) before sparse training.
+      indexer_coef=1.0,
+      dense_warmup_steps=200,
+      # Generated addition / arithmetic only: the fraction of carrying/borrowing problems whose
+      # worked solution forgets every carry, as an imperfect teacher's demonstrations would
+      # (rl/rewards/puzzles.with_carry_slips); the verifier still checks the true value.
+      carry_slip_rate=0.0,
+  ))
+  # The RL loop (rl/jobs/trainer.py).
+  c.train = ml_collections.ConfigDict(dict(
+      steps=50,
+      prompts_per_step=16,
+      samples_per_prompt=8,
+      mini_batches=1,  # optimiser steps per PPO epoch
+      micro_batches=1,  # gradient-accumulation slices of one mini-batch
+      log_every=1,
+      eval_every=25,
+      checkpoint_every=25,  # steps between checkpoints; one is also saved at the end
+      keep_checkpoints=2,  # the latest K are kept (>= 1)
+      max_bad_steps=3,  # consecutive non-finite steps before the run stops
+  ))
+  # Multi-turn tool use (rl/tool_use/): RL episodes on tool environments instead of data.source;
+  # rollout.max_new_tokens is then the policy-token budget of a whole episode (all turns).
+  c.tools = ml_collections.ConfigDict(dict(
+      enabled=False,
+      environments="",  # comma-separated names of rl/tool_use/environments.py ENVIRONMENTS
+      max_turns=4,  # tool calls per episode; one more ends it ("turn_limit")
+      max_tool_tokens=96,  # tokens of one tool result, wrapper included (longer ones are cut)
+      timeout_s=5.0,  # per tool call
+      workers=8,  # thread pool running tool calls
+      waves=2,  # episode waves: one wave's tool calls run while another decodes
+      allow_weak_sandbox=False,  # python tool without bubblewrap: rlimits only
+      judge_weight=0.0,  # reward = (1 - w) * verifier + w * rubric judge P(YES)
+      judge_hf_dir="",  # local HF checkpoint of the generative judge (needed when w > 0)
+      # > 0: a fresh run first fits the policy to expert transcripts of the training tasks
+      # (rl/tool_use/demonstrations.py) for this many steps of config.sft.batch_size rows, lr.
+      warm_start_steps=0,
+  ))
+  return c

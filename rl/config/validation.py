@@ -1,0 +1,156 @@
+"""Start-up checks of a run config: `validate` (every field, before anything is built) and
+`check_paths` (the local files a run reads, at run start).
+
+validate calls each section's checker where it lives beside the code that reads the section
+(data: rl/data/entries.py and rl/data/curriculum.py; rl: rl/core/algorithms.py; mesh:
+rl/parallel/placement.py; sampler weights: rl/rollout/fp8.py; streaming: its StreamingConfig;
+tools: rl/tool_use/environments.py; model: rl/config/model.py). The checks below are the
+cross-section ones and those of sections whose reader holds none, grouped by the module that
+reads the section. Every bad value fails with InputError naming the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+import kernels
+from rl.config.checks import InputError, allowed, non_negative, positive
+from rl.config.model import check_hf_dir, model_config
+from rl.core import algorithms
+from rl.data import entries, sources
+from rl.parallel import placement
+from rl.rollout import fp8
+from rl.rollout.streaming import StreamingConfig
+from rl.tool_use import environments
+
+JOBS = ("rl", "sft", "sft_rl", "o1_coder")  # rl/jobs/sft_then_rl.py run_job
+TOKENIZERS_BUILTIN = ("byte",)  # models/tokenizer.py load_tokenizer
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+  """Start-up checks: every bad value fails here (InputError), naming the field and what is
+  allowed."""
+  try:
+    _check_run(c)
+    model_config(c)
+    entries.check_data(c.data)
+    _check_rollout(c)
+    fp8.check_sampler_weights(c.rollout)
+    _check_rl(c)
+    _check_optim(c)
+    _check_sft(c)
+    _check_train(c)
+    placement.check_mesh(c.mesh)
+    _check_streaming(c)
+    check_hf_dir(c)
+    environments.check_tools(c.tools, job=c.job)
+  except InputError:
+    raise
+  except ValueError as e:
+    raise InputError(str(e)) from None
+
+
+def check_paths(c: ml_collections.ConfigDict) -> None:
+  """The local paths a run reads at start exist (InputError naming the field). Not part of
+  validate(): a dry run plans a recipe on a machine that does not hold its checkpoint or data."""
+  if c.tokenizer not in TOKENIZERS_BUILTIN and not os.path.isdir(c.tokenizer):
+    raise InputError(f"config.tokenizer={c.tokenizer!r}: no such directory (use 'byte' or a "
+                     "directory holding tokenizer.json)")
+  if c.init_hf_dir and not os.path.isfile(os.path.join(c.init_hf_dir, "config.json")):
+    raise InputError(f"config.init_hf_dir={c.init_hf_dir!r}: no config.json there (not an HF "
+                     "checkpoint directory)")
+  if c.data.source == "files":
+    for field in ("train_files", "heldout_files"):
+      sources.check_files(c.data[field], f"data.{field}")
+
+
+def _check_run(c: ml_collections.ConfigDict) -> None:
+  """The top-level fields (rl/jobs/sft_then_rl.py, models/tokenizer.py, kernels/)."""
+  allowed("job", c.job, JOBS)
+  if c.init_checkpoint and c.job in ("sft", "sft_rl"):
+    raise ValueError(f"config.init_checkpoint={c.init_checkpoint!r} with config.job={c.job!r}: "
+                     "SFT starts from config.init_hf_dir or a random init (sft_rl's RL stage "
+                     "starts from its SFT checkpoint)")
+  if c.tokenizer not in TOKENIZERS_BUILTIN and not c.tokenizer:
+    raise ValueError("config.tokenizer: must be 'byte' or a checkpoint directory")
+  allowed("kernel_backend", c.kernel_backend, kernels.BACKENDS)
+
+
+def _check_rollout(c: ml_collections.ConfigDict) -> None:
+  """config.rollout (rl/rollout/engine.py run_rollout_config)."""
+  positive(c.rollout, "rollout", "max_new_tokens", "prompt_bucket")
+  non_negative(c.rollout, "rollout", "temperature", "eval_temperature", "batch_size",
+               "prefill_batch")
+  if c.rollout.max_new_tokens >= c.model.max_seq_len:
+    raise ValueError(f"config.rollout.max_new_tokens={c.rollout.max_new_tokens}: must be "
+                     f"smaller than config.model.max_seq_len={c.model.max_seq_len} (prompts get "
+                     "the rest of the context)")
+  if not 0 < c.rollout.top_p <= 1:
+    raise ValueError(f"config.rollout.top_p={c.rollout.top_p}: must be in (0, 1]")
+
+
+def _check_streaming(c: ml_collections.ConfigDict) -> None:
+  """config.rollout.streaming: its own StreamingConfig (rl/rollout/streaming.py) checks it."""
+  s = c.rollout.streaming
+  try:
+    StreamingConfig(on_policy_fraction=s.on_policy_fraction, max_staleness=s.max_staleness,
+                    round_tokens=s.round_tokens)
+  except ValueError as e:
+    raise ValueError(str(e).replace("StreamingConfig.", "config.rollout.streaming.")) from None
+
+
+def _check_rl(c: ml_collections.ConfigDict) -> None:
+  """config.rl: rl/core/algorithms.py checks the section; these are its ties to the model and
+  the rollout (read by rl/core/losses.py and rl/rewards/shaping.py)."""
+  if c.rl.indexer_coef and not model_config(c).dsa:
+    raise ValueError(f"config.rl.indexer_coef={c.rl.indexer_coef}: the model has no DSA indexer "
+                     "to train (config.model.dsa=False); set it to 0")
+  algorithms.validate_rl(c.rl)
+  if c.rl.overlong_buffer and c.rl.overlong_buffer >= c.rollout.max_new_tokens:
+    raise ValueError(
+        f"config.rl.overlong_buffer={c.rl.overlong_buffer}: must be smaller than "
+        f"config.rollout.max_new_tokens={c.rollout.max_new_tokens} (the penalty ramps over the "
+        "last overlong_buffer tokens; 0 turns it off)")
+  non_negative(c.rl, "rl", "kl_coef")
+
+
+def _check_optim(c: ml_collections.ConfigDict) -> None:
+  """config.optim (rl/jobs/trainer.py, rl/core/train_step.py)."""
+  positive(c.optim, "optim", "lr", "critic_lr", "grad_clip")
+  non_negative(c.optim, "optim", "warmup_steps", "weight_decay")
+  for f in ("b1", "b2"):
+    if not 0 <= c.optim[f] < 1:
+      raise ValueError(f"config.optim.{f}={c.optim[f]!r}: must be in [0, 1)")
+
+
+def _check_sft(c: ml_collections.ConfigDict) -> None:
+  """config.sft (rl/jobs/sft.py; carry slips: rl/rewards/puzzles.py with_carry_slips)."""
+  positive(c.sft, "sft", "batch_size", "epochs", "lr", "grad_clip", "log_every",
+           "checkpoint_every")
+  non_negative(c.sft, "sft", "warmup_steps", "weight_decay")
+  if not 0.0 <= c.sft.carry_slip_rate <= 1.0:
+    raise ValueError(f"config.sft.carry_slip_rate={c.sft.carry_slip_rate}: must be in [0, 1]")
+  if c.sft.carry_slip_rate and not (c.data.source == "puzzles" and (
+      c.data.task == "addition" or (c.data.task == "arithmetic" and c.data.difficulty <= 1))):
+    raise ValueError("config.sft.carry_slip_rate > 0 needs two-operand + / - arithmetic: "
+                     "config.data.source='puzzles' with task='addition', or task='arithmetic' "
+                     "at difficulty 0 or 1")
+  if not 0 <= c.sft.max_len <= c.model.max_seq_len:
+    raise ValueError(f"config.sft.max_len={c.sft.max_len}: must be in [0, "
+                     f"config.model.max_seq_len={c.model.max_seq_len}] (0: the longest example)")
+
+
+def _check_train(c: ml_collections.ConfigDict) -> None:
+  """config.train (rl/jobs/trainer.py)."""
+  positive(c.train, "train", "steps", "prompts_per_step", "samples_per_prompt", "mini_batches",
+           "micro_batches", "log_every", "checkpoint_every", "keep_checkpoints",
+           "max_bad_steps")
+  non_negative(c.train, "train", "eval_every")
+  batch = c.train.prompts_per_step * c.train.samples_per_prompt
+  if batch % (c.train.mini_batches * c.train.micro_batches):
+    raise ValueError(
+        f"config.train.mini_batches={c.train.mini_batches} x micro_batches="
+        f"{c.train.micro_batches} must divide the batch of {batch} sequences "
+        f"(prompts_per_step x samples_per_prompt)")
