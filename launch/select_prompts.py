@@ -15,7 +15,7 @@ graded by the run's verifiers, then one rule (--rule) writes a prompt-record fil
       --config.data.train_files=/tmp/hard.jsonl --config.data.heldout_files=<held-out records> \
       --config.sft.carry_slip_rate=0
 
-Rules (rl/data/select.py, their sources in rl/data/selection.py):
+Rules (rl/jobs/select_prompts.py, their sources in rl/data/selection.py):
   rejection     each verified response, unique per prompt, as an SFT record ("response" added);
   worst_of_n    the prompts that not every sample solves (Seed-Thinking-v1.5's RL data cleaning);
   low_variance  the prompts whose sample accuracies vary (offline DAPO dynamic sampling);
@@ -39,7 +39,7 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from launch import cli, logs  # noqa: E402
-from rl.data.select import RULES, sample_and_select  # noqa: E402
+from rl.jobs.select_prompts import RULES, sample_and_select  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config that built the checkpoint's "
                                           "model and names the prompts (configs/*.py[:arg]).",

@@ -1,5 +1,5 @@
 """Prompt selection rules: pure functions of per-prompt sample outcomes that decide which prompts
-an RL (or SFT) run trains on. Each rule's docstring says where it comes from. rl/data/select.py
+an RL (or SFT) run trains on. Each rule's docstring says where it comes from. rl/jobs/select_prompts.py
 samples the outcomes from a checkpoint and applies one rule (launch/select_prompts.py).
 
 Inputs are aligned with `records` (entry i belongs to records[i]); a length mismatch or an empty

@@ -1,5 +1,5 @@
 """Where a response states its answer: the one reader of each answer format, used by the
-rewards (training) and by rl/jobs/evaluation.py and rl/data/select.py (evaluation, data selection).
+rewards (training) and by rl/jobs/evaluation.py and rl/jobs/select_prompts.py (evaluation, data selection).
 
 Formats:
 

@@ -84,7 +84,7 @@ def test_first_update_on_fresh_data_is_on_policy(demo_run):
 def test_rejection_sampling_from_the_sft_checkpoint_writes_verified_sft_data(demo_run, tmp_path):
   """The rollout engine samples N per prompt from the SFT checkpoint; exactly the responses the
   verifier accepts are written, and the file reads back as SFT examples of its responses."""
-  from rl.data import select
+  from rl.jobs import select_prompts as select
   from rl.jobs import sft
   from rl.data import sources
   from rl.rewards import manager
@@ -117,7 +117,8 @@ def test_select_prompts_launcher_writes_the_worst_of_n_prompts_the_trainer_reads
   the trainer loads back as its prompts (config.data.source=files)."""
   import subprocess
   import sys
-  from rl.data import entries, select
+  from rl.data import entries
+  from rl.jobs import select_prompts as select
   root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
   out = str(tmp_path / "hard.jsonl")
   env = dict(os.environ, JAX_DEFAULT_MATMUL_PRECISION="highest")  # as conftest sets it here

@@ -86,6 +86,7 @@ _TRAINER_WORKER = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {repo!r})
     sys.path.insert(0, {repo!r} + "/tests")
+    sys.path.insert(0, {repo!r} + "/tests/rl/jobs")
     from rl.parallel import distributed
     distributed.initialize_from_env()
 

@@ -1,10 +1,11 @@
-"""Prompt selection through rl/data/select.py with scripted responses, graded by an exact
+"""Prompt selection through rl/jobs/select_prompts.py with scripted responses, graded by an exact
 boxed-answer check: one sampling pass reaches each rule of rl/data/selection.py and writes the
 hand-computed records, as prompt records the trainer's reader loads back."""
 
 import pytest
 
-from rl.data import select, sources
+from rl.data import sources
+from rl.jobs import select_prompts
 
 ANSWERS = {"q0": "5", "q1": "7", "q2": "2", "q3": "4", "q4": "2"}
 RESPONSES = {
@@ -36,7 +37,7 @@ def boxed_verify(entries, responses):
 
 def run(tmp_path, rule, **options):
   out = str(tmp_path / f"{rule}.jsonl")
-  stats, outcomes = select.select_prompts(records(), scripted_generate, boxed_verify, rule=rule,
+  stats, outcomes = select_prompts.select_prompts(records(), scripted_generate, boxed_verify, rule=rule,
                                           n=4, out_path=out, batch_size=2, **options)
   written, _ = sources.load_records(out)
   return written, stats, outcomes
@@ -79,8 +80,8 @@ def test_audit_writes_confident_disagreements_with_their_answers(tmp_path):
 
 
 def test_batches_agree_and_bad_shapes_fail():
-  whole = select.sample_outcomes(records(), scripted_generate, boxed_verify, n=4)
-  batched = select.sample_outcomes(records(), scripted_generate, boxed_verify, n=4, batch_size=3)
+  whole = select_prompts.sample_outcomes(records(), scripted_generate, boxed_verify, n=4)
+  batched = select_prompts.sample_outcomes(records(), scripted_generate, boxed_verify, n=4, batch_size=3)
   assert whole.responses == batched.responses and whole.answers == batched.answers
   assert whole.accuracies.tolist() == batched.accuracies.tolist()
 
@@ -89,9 +90,9 @@ def test_batches_agree_and_bad_shapes_fail():
             for r, samples in zip(batch, scripted_generate(batch, n))]
 
   with pytest.raises(ValueError, match="3 responses for prompt 2, expected 4"):
-    select.sample_outcomes(records(), short_of_q2, boxed_verify, n=4, batch_size=2)
+    select_prompts.sample_outcomes(records(), short_of_q2, boxed_verify, n=4, batch_size=2)
   with pytest.raises(ValueError, match="scores for 20 responses"):
-    select.sample_outcomes(records(), scripted_generate, lambda e, r: [1.0], n=4)
+    select_prompts.sample_outcomes(records(), scripted_generate, lambda e, r: [1.0], n=4)
 
 
 def test_unknown_rule_is_one_line_naming_it_before_sampling(tmp_path):
@@ -99,13 +100,13 @@ def test_unknown_rule_is_one_line_naming_it_before_sampling(tmp_path):
     raise AssertionError("sampled before the rule was checked")
 
   with pytest.raises(ValueError) as error:
-    select.select_prompts(records(), must_not_sample, boxed_verify, rule="pre_ppo", n=4,
+    select_prompts.select_prompts(records(), must_not_sample, boxed_verify, rule="pre_ppo", n=4,
                           out_path=str(tmp_path / "x.jsonl"))
   message = str(error.value)
   assert "'pre_ppo'" in message and "\n" not in message
-  assert all(rule in message for rule in select.RULES)
+  assert all(rule in message for rule in select_prompts.RULES)
   assert not (tmp_path / "x.jsonl").exists()
   # The model-loading entry point checks the rule before it reads the checkpoint.
   with pytest.raises(ValueError, match="unknown selection rule 'best_of_n'"):
-    select.sample_and_select(None, str(tmp_path / "no_checkpoint"), rule="best_of_n", n=4,
+    select_prompts.sample_and_select(None, str(tmp_path / "no_checkpoint"), rule="best_of_n", n=4,
                              out_path=str(tmp_path / "y.jsonl"))
