@@ -122,9 +122,8 @@ def policy_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: d
     keep = losses.off_policy_sequence_mask(jax.lax.stop_gradient(logp), logp_old, adv, mask,
                                            delta=rl["offpolicy_mask_delta"])
     pg_mask = mask * keep
-  pg_loss, _ = losses.policy_loss(logp, logp_old, adv, pg_mask, eps_low=rl["clip_low"],
-                                  eps_high=rl["clip_high"], clip_c=rl["clip_c"] or None,
-                                  agg=rl["loss_agg_mode"], **agg)
+  pg_loss, _ = losses.POLICY_LOSS_REGISTRY[rl["policy_loss"]](logp, logp_old, adv, pg_mask, rl,
+                                                             **agg)
   loss = pg_loss
 
   def token_mean(x, m=mask):
@@ -142,10 +141,7 @@ def policy_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: d
   }
   if rl["kl_coef"] or rl["kl_coef_per_domain"]:
     logp_ref = batch["logp_ref"][:, 1:]
-    if rl["kl_kind"] == "unbiased":
-      per_token = losses.unbiased_kl(logp, logp_old, logp_ref)
-    else:
-      per_token = losses.kl(logp, logp_ref, rl["kl_kind"])
+    per_token = losses.KL_REGISTRY[rl["kl_kind"]](logp, logp_old, logp_ref)
     beta = batch["kl_coef"][:, None]  # per-sequence (per-domain) beta
     kl_loss = losses.aggregate(beta * per_token, mask, rl["loss_agg_mode"], **agg)
     loss = loss + kl_loss
