@@ -212,14 +212,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     return ts.add_router_balance(loss, metrics, out.router_stats,
                                  model_cfg.router_aux_loss_coef, 1.0)
 
-  step = ts.gradient_step(loss_fn, optimizer)
+  optimiser_step = ts.gradient_step(loss_fn, optimizer)
 
   # Layouts pinned (rl/parallel/placement.py): parameters and optimiser state stay where they were
   # placed, the optimiser state in host memory between steps with config.optim.offload_state.
   @functools.partial(jax.jit, static_argnums=4, donate_argnums=(0, 1),
                      out_shardings=(param_shardings, host_opt, None, None))
   def train_step(params, opt_state, rest, batch, stage):
-    return step(params, jax.device_put(opt_state, opt_shardings), rest, batch, stage)
+    return optimiser_step(params, jax.device_put(opt_state, opt_shardings), rest, batch, stage)
 
   def stage_at(step: int) -> str | None:
     """DSA: a dense warm-up (dense attention, the indexer fitted to it), then sparse training
