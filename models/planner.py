@@ -194,7 +194,7 @@ def _step_flops(cfg: ModelConfig, length: int, sequences: int) -> dict[str, floa
 
 
 def _adamw():
-  """The training optimiser's state layout (rl/train_step.clipped_adamw: a global-norm clip,
+  """The training optimiser's state layout (rl/core/train_step.make_optimizer: a global-norm clip,
   stateless, then AdamW's mu and nu in the parameters' dtypes)."""
   return optax.adamw(1e-6)
 

@@ -3,12 +3,23 @@ Python loops over tokens (GAE walks the sequence with `lax.scan`).
 
 Group ids may be any integers (the trainer offsets them per generation batch); they are
 re-indexed densely inside with a static-size `jnp.unique`.
+
+`ESTIMATOR_REGISTRY` holds the estimators a config names (`config.rl.estimator`), all called
+the same way by `estimate`: `fn(scores [B], group_ids [B], token_rewards [B, T], mask [B, T],
+values [B, T] or None, rl) -> {"advantages": [B, T], ...}`, where `rl` is the config's `rl`
+section; an entry registered with `needs_values=True` (GAE) gets the critic's values and also
+returns the critic's targets ("returns") and the values it used ("values").
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
+
+from rl.core.registry import Registry
 
 
 def _group_stats(scores: jax.Array, group_ids: jax.Array):
@@ -95,3 +106,65 @@ def reinforce_pp(rewards: jax.Array, mask: jax.Array, *, gamma: float = 1.0) -> 
   """REINFORCE++: discounted return over response tokens, whitened over the whole batch."""
   returns, _ = gae(rewards, jnp.zeros_like(rewards, jnp.float32), mask, gamma=gamma, lam=1.0)
   return masked_whiten(returns, mask)
+
+
+# ----------------------------------------------------------------------------- Registry
+
+
+class Estimator(NamedTuple):
+  fn: Callable[..., dict[str, jax.Array]]
+  needs_values: bool  # reads the critic's values (the caller computes them only then)
+
+
+ESTIMATOR_REGISTRY = Registry("config.rl.estimator")
+
+
+def register_estimator(name: str, *, needs_values: bool = False) -> Callable:
+  """Decorator: registers an estimator under the calling convention of `estimate`."""
+  def decorate(fn):
+    ESTIMATOR_REGISTRY.add(name, Estimator(fn, needs_values))
+    return fn
+  return decorate
+
+
+def estimate(rl: Mapping[str, Any], scores: jax.Array, group_ids: jax.Array,
+             token_rewards: jax.Array, mask: jax.Array,
+             values: Callable[[], jax.Array]) -> dict[str, jax.Array]:
+  """The advantages of `rl["estimator"]`: scores [B] are each response's total reward,
+  token_rewards [B, T] the same rewards placed on response tokens, `values()` the critic's
+  values [B, T] (called only by an estimator that needs them)."""
+  estimator = ESTIMATOR_REGISTRY[rl["estimator"]]
+  return estimator.fn(scores, group_ids, token_rewards, mask,
+                      values() if estimator.needs_values else None, rl)
+
+
+@register_estimator("grpo")
+def _grpo(scores, group_ids, token_rewards, mask, values, rl):
+  return {"advantages": grpo(scores, group_ids)[:, None] * mask}
+
+
+@register_estimator("dr_grpo")
+def _dr_grpo(scores, group_ids, token_rewards, mask, values, rl):
+  return {"advantages": grpo(scores, group_ids, normalize_std=False)[:, None] * mask}
+
+
+@register_estimator("rloo")
+def _rloo(scores, group_ids, token_rewards, mask, values, rl):
+  return {"advantages": rloo(scores, group_ids)[:, None] * mask}
+
+
+@register_estimator("reinforce_pp")
+def _reinforce_pp(scores, group_ids, token_rewards, mask, values, rl):
+  return {"advantages": reinforce_pp(token_rewards, mask, gamma=rl["gamma"])}
+
+
+@register_estimator("gae", needs_values=True)
+def _gae(scores, group_ids, token_rewards, mask, values, rl):
+  """Decoupled GAE: the policy's advantages with lam (length-adaptive when
+  length_adaptive_alpha > 0), the critic's returns with lam_critic."""
+  lam = rl["lam"]
+  if rl["length_adaptive_alpha"]:
+    lam = length_adaptive_lambda(jnp.sum(mask, -1), alpha=rl["length_adaptive_alpha"])
+  advantages, _ = gae(token_rewards, values, mask, gamma=rl["gamma"], lam=lam)
+  _, returns = gae(token_rewards, values, mask, gamma=rl["gamma"], lam=rl["lam_critic"])
+  return {"advantages": advantages, "returns": returns, "values": values}

@@ -4,7 +4,9 @@ the pure pieces in rl/core/advantages.py, rl/core/losses.py and rl/rewards/shapi
 
 A config selects one with `config.rl = recipe("dapo")` and may override any field from the
 command line (`--config.rl.clip_high=0.3`). Unknown recipe names and bad values fail in
-`validate_rl` with the field and the allowed values.
+`validate_rl` with the field and the allowed values. A recipe names entries of the registries
+(rl/core/registry.py): its advantage estimator, policy loss and KL estimator; the allowed
+names below are the registries' entries.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-             "seq-mean-token-sum-norm")
-KL_KINDS = ("k1", "k2", "k3", "unbiased")
+from rl.core import advantages, losses
+
+ESTIMATORS = advantages.ESTIMATOR_REGISTRY.names()
+POLICY_LOSSES = losses.POLICY_LOSS_REGISTRY.names()
+KL_KINDS = losses.KL_REGISTRY.names()
+AGG_MODES = losses.AGG_MODES
 REWARD_MODES = ("verify", "dapo")
 
 # Every recipe starts from these and changes what its paper changes.
@@ -28,6 +32,7 @@ BASE: dict[str, Any] = dict(
     clip_low=0.2,
     clip_high=0.2,
     clip_c=0.0,  # dual-clip constant (> 1 turns it on)
+    policy_loss="ppo_clip",  # the PPO clipped surrogate (spec section 1)
     loss_agg_mode="token-mean",
     kl_coef=0.0,  # beta; 0 skips the reference model entirely
     kl_kind="k3",
@@ -103,6 +108,7 @@ def validate_rl(rl: Any) -> None:
     if value not in allowed:
       raise ValueError(f"config.rl.{field}={value!r}: must be one of {list(allowed)}")
   check("estimator", ESTIMATORS)
+  check("policy_loss", POLICY_LOSSES)
   check("loss_agg_mode", AGG_MODES)
   check("kl_kind", KL_KINDS)
   check("reward_mode", REWARD_MODES)

@@ -4,6 +4,12 @@ Per-token inputs are [B, T] aligned with each other; masks are float or bool. `a
 the single place where per-token terms become a scalar: pass the *global* `num_tokens` /
 `num_seqs` of the mini-batch when one call sees only a micro-batch or a data shard, so the
 summed pieces equal the unsplit loss exactly.
+
+Two registries hold what a config names (rl/core/registry.py):
+  POLICY_LOSS_REGISTRY  `config.rl.policy_loss`: fn(logp, logp_old, advantages, mask, rl,
+                        **agg_kwargs) -> (loss, metrics), `rl` the config's `rl` section;
+  KL_REGISTRY           `config.rl.kl_kind`: fn(logp, logp_old, logp_ref) -> per-token KL [B, T]
+                        (the sample estimators k1 / k2 / k3 do not read logp_old).
 """
 
 from __future__ import annotations
@@ -11,8 +17,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rl.core.registry import Registry
+
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
              "seq-mean-token-sum-norm")
+POLICY_LOSS_REGISTRY = Registry("config.rl.policy_loss")
+register_policy_loss = POLICY_LOSS_REGISTRY.register
+KL_REGISTRY = Registry("config.rl.kl_kind")
+register_kl = KL_REGISTRY.register
 
 
 def aggregate(per_token: jax.Array, mask: jax.Array, mode: str, *, num_tokens=None,
@@ -84,21 +96,41 @@ def policy_loss(logp: jax.Array, logp_old: jax.Array, advantages: jax.Array, mas
   return loss, metrics
 
 
+@register_policy_loss("ppo_clip")
+def _ppo_clip(logp, logp_old, advantages, mask, rl, **agg_kwargs):
+  """`policy_loss` with the config's clip range, dual-clip constant (0: off) and aggregation."""
+  return policy_loss(logp, logp_old, advantages, mask, eps_low=rl["clip_low"],
+                     eps_high=rl["clip_high"], clip_c=rl["clip_c"] or None,
+                     agg=rl["loss_agg_mode"], **agg_kwargs)
+
+
 def kl(logp: jax.Array, logp_ref: jax.Array, kind: str) -> jax.Array:
   """Per-token KL(pi_theta || pi_ref) estimators on samples from pi_theta, delta = logp -
   logp_ref: k1 = delta, k2 = delta^2 / 2, k3 = exp(-delta) + delta - 1 (low-variance; -delta
-  clamped to [-20, 20] and the result to [-10, 10])."""
-  delta = logp - logp_ref
-  if kind == "k1":
-    return delta
-  if kind == "k2":
-    return 0.5 * delta ** 2
-  if kind == "k3":
-    neg = jnp.clip(-delta, -20.0, 20.0)
-    return jnp.clip(jnp.exp(neg) - neg - 1.0, -10.0, 10.0)
-  raise ValueError(f"kl kind={kind!r}: must be one of ['k1', 'k2', 'k3']")
+  clamped to [-20, 20] and the result to [-10, 10]). The registry's other entry, "unbiased",
+  is on samples from pi_old and needs their log-probs: `unbiased_kl`."""
+  if kind == "unbiased":
+    raise ValueError("kl kind='unbiased' needs logp_old: call unbiased_kl")
+  return KL_REGISTRY[kind](logp, None, logp_ref)
 
 
+@register_kl("k1")
+def _k1(logp, logp_old, logp_ref):
+  return logp - logp_ref
+
+
+@register_kl("k2")
+def _k2(logp, logp_old, logp_ref):
+  return 0.5 * (logp - logp_ref) ** 2
+
+
+@register_kl("k3")
+def _k3(logp, logp_old, logp_ref):
+  neg = jnp.clip(-(logp - logp_ref), -20.0, 20.0)
+  return jnp.clip(jnp.exp(neg) - neg - 1.0, -10.0, 10.0)
+
+
+@register_kl("unbiased")
 def unbiased_kl(logp: jax.Array, logp_old: jax.Array, logp_ref: jax.Array) -> jax.Array:
   """DeepSeek-V3.2's unbiased KL on samples from pi_old: ratio * (r - log r - 1) with
   ratio = pi_theta / pi_old (gradient flows through it) and r = pi_ref / pi_theta."""

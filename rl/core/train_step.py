@@ -35,22 +35,48 @@ class TrainState(NamedTuple):
   step: jax.Array
 
 
-def make_optimizer(*, lr: float, warmup_steps: int, weight_decay: float, grad_clip: float,
+def make_optimizer(*, lr: float, warmup_steps: int | None, weight_decay: float,
+                   grad_clip: float, decay_steps: int = 0, final_lr_fraction: float = 1.0,
                    b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransformation:
-  """AdamW with linear warm-up then constant lr (the DAPO/VAPO schedule), global-norm clip."""
-  schedule = optax.linear_schedule(0.0, lr, max(warmup_steps, 1))
-  schedule = optax.join_schedules([schedule, optax.constant_schedule(lr)],
-                                  [max(warmup_steps, 1)])
-  return clipped_adamw(schedule, weight_decay=weight_decay, grad_clip=grad_clip, b1=b1, b2=b2)
+  """Every optimiser of the project (RL policy and critic, SFT, the preference trainers, the
+  tool-use warm start): global-norm clip of the gradient, then AdamW (optax's eps, weight decay
+  on every parameter) with the learning rate
 
-
-def clipped_adamw(learning_rate: optax.ScalarOrSchedule, *, weight_decay: float,
-                  grad_clip: float, b1: float = 0.9,
-                  b2: float = 0.999) -> optax.GradientTransformation:
-  """Global-norm clip of the gradient, then AdamW: every optimiser of the project (RL policy and
-  critic, SFT, the tool warm start)."""
+    warmup_steps=None                 lr from the first step (preference trainers, tool warm
+                                      start);
+    warmup_steps=w                    linear from 0 over max(w, 1) steps, then constant (the
+                                      DAPO/VAPO schedule of the RL update; w = 0 still spends
+                                      its first step at lr 0);
+    warmup_steps=w, decay_steps=n     linear from 0 over min(w, n - 1) steps, then cosine decay
+                                      to final_lr_fraction * lr at step n (SFT).
+  """
+  if warmup_steps is None:
+    learning_rate = lr
+  elif decay_steps:
+    learning_rate = optax.warmup_cosine_decay_schedule(
+        0.0, lr, min(warmup_steps, decay_steps - 1), decay_steps,
+        end_value=lr * final_lr_fraction)
+  else:
+    warmup = optax.linear_schedule(0.0, lr, max(warmup_steps, 1))
+    learning_rate = optax.join_schedules([warmup, optax.constant_schedule(lr)],
+                                         [max(warmup_steps, 1)])
   return optax.chain(optax.clip_by_global_norm(grad_clip),
                      optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay))
+
+
+def gradient_step(loss_fn: Callable, optimizer: optax.GradientTransformation) -> Callable:
+  """`step(params, opt_state, *args) -> (params, opt_state, loss, aux)`: one optimiser step on
+  the gradient of `loss_fn(params, *args) -> (loss, aux)`, the whole batch at once (the SFT,
+  preference and tool warm-start steps; the RL update, with gradient accumulation and skipped
+  non-finite steps, is `make_update`). Unjitted: each caller jits it with its own donation and
+  layouts."""
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def step(params, opt_state, *args):
+    (loss, aux), grads = grad_fn(params, *args)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, aux
+  return step
 
 
 def init_state(params, optimizer: optax.GradientTransformation) -> TrainState:
@@ -122,9 +148,8 @@ def policy_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: d
     keep = losses.off_policy_sequence_mask(jax.lax.stop_gradient(logp), logp_old, adv, mask,
                                            delta=rl["offpolicy_mask_delta"])
     pg_mask = mask * keep
-  pg_loss, _ = losses.policy_loss(logp, logp_old, adv, pg_mask, eps_low=rl["clip_low"],
-                                  eps_high=rl["clip_high"], clip_c=rl["clip_c"] or None,
-                                  agg=rl["loss_agg_mode"], **agg)
+  pg_loss, _ = losses.POLICY_LOSS_REGISTRY[rl["policy_loss"]](logp, logp_old, adv, pg_mask, rl,
+                                                             **agg)
   loss = pg_loss
 
   def token_mean(x, m=mask):
@@ -142,10 +167,7 @@ def policy_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: d
   }
   if rl["kl_coef"] or rl["kl_coef_per_domain"]:
     logp_ref = batch["logp_ref"][:, 1:]
-    if rl["kl_kind"] == "unbiased":
-      per_token = losses.unbiased_kl(logp, logp_old, logp_ref)
-    else:
-      per_token = losses.kl(logp, logp_ref, rl["kl_kind"])
+    per_token = losses.KL_REGISTRY[rl["kl_kind"]](logp, logp_old, logp_ref)
     beta = batch["kl_coef"][:, None]  # per-sequence (per-domain) beta
     kl_loss = losses.aggregate(beta * per_token, mask, rl["loss_agg_mode"], **agg)
     loss = loss + kl_loss

@@ -7,7 +7,8 @@ trainers the seeds use on pairs (spec section 9):
   * `train_dpo`: DPO against a frozen reference copy of the initial policy, on sequence
     log-probs summed over response tokens only.
 
-Each trainer is AdamW (with global-norm clipping) around one jitted step on fixed padded shapes
+Each trainer is the project's AdamW at a constant learning rate (rl/core/train_step.py
+`make_optimizer`, global-norm clipping) around one jitted `gradient_step` on fixed padded shapes
 (the width covers the training and held-out data, so one compilation serves the whole run, and
 the step is cached per model graph and hyper-parameters, so later runs reuse it). Each returns
 the trained model and a metrics dict with held-out pairwise accuracy before and after. The
@@ -36,6 +37,7 @@ from flax import nnx
 
 from models.padding import round_up
 from models.tokenizer import pad_batch
+from rl.core import train_step as ts
 from rl.core.losses import bt_loss, dpo_loss
 from rl.rewards.genrm import (BradleyTerryRM, GenerativeRM, at_last_token, judge_prompt,
                               split_model)
@@ -190,26 +192,19 @@ def _dpo_objective(params, graphdef, rest, batch, *, beta):
 # ----------------------------------------------------------------------------- Training loop
 
 
-@functools.lru_cache(maxsize=16)
-def _adamw(lr: float, weight_decay: float, grad_clip: float) -> optax.GradientTransformation:
-  return optax.chain(optax.clip_by_global_norm(grad_clip),
-                     optax.adamw(lr, weight_decay=weight_decay))
-
-
 @functools.lru_cache(maxsize=32)
-def _train_step(objective: Callable, graphdef: nnx.GraphDef,
-                optimizer: optax.GradientTransformation, static: tuple) -> Callable:
-  """jit(params, opt_state, rest, batch) -> (params, opt_state, metrics); params and optimiser
-  state are donated."""
+def _train_step(objective: Callable, graphdef: nnx.GraphDef, lr: float, weight_decay: float,
+                grad_clip: float, static: tuple) -> tuple[optax.GradientTransformation, Callable]:
+  """The optimiser (constant lr) and its jit(params, opt_state, rest, batch) -> (params,
+  opt_state, loss, metrics); params and optimiser state are donated."""
+  optimizer = ts.make_optimizer(lr=lr, warmup_steps=None, weight_decay=weight_decay,
+                                grad_clip=grad_clip)
   kwargs = dict(static)
 
-  def step(params, opt_state, rest, batch):
-    (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(
-        params, graphdef, rest, batch, **kwargs)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, {"loss": loss, **metrics}
+  def loss_fn(params, rest, batch):
+    return objective(params, graphdef, rest, batch, **kwargs)
 
-  return jax.jit(step, donate_argnums=(0, 1))
+  return optimizer, jax.jit(ts.gradient_step(loss_fn, optimizer), donate_argnums=(0, 1))
 
 
 def _batch_indices(num_examples: int, batch_size: int, seed: int) -> Iterator[np.ndarray]:
@@ -230,8 +225,7 @@ def fit_objective(name: str, objective: Callable, model, data: dict[str, np.ndar
   """Runs `steps` optimiser steps on row-aligned `data`: (params, metrics), the metrics being
   the first step's loss and each step metric averaged over the last tenth (<= 10 steps)."""
   graphdef, params, rest = split_model(model)
-  optimizer = _adamw(lr, weight_decay, grad_clip)
-  step_fn = _train_step(objective, graphdef, optimizer, static)
+  optimizer, step_fn = _train_step(objective, graphdef, lr, weight_decay, grad_clip, static)
   params = jax.tree.map(jnp.copy, params)  # donated below; the caller's model stays valid
   opt_state = optimizer.init(params)
   num_examples = len(next(iter(data.values())))
@@ -240,9 +234,9 @@ def fit_objective(name: str, objective: Callable, model, data: dict[str, np.ndar
   start = time.perf_counter()
   for step in range(1, steps + 1):
     index = next(batches)
-    params, opt_state, metrics = step_fn(params, opt_state, rest,
-                                         {k: v[index] for k, v in data.items()})
-    history.append(metrics)
+    params, opt_state, loss, metrics = step_fn(params, opt_state, rest,
+                                               {k: v[index] for k, v in data.items()})
+    history.append({"loss": loss, **metrics})
     if step % log_every == 0 and step > 1:
       # The previous step's loss is ready by now; reading it does not stall the pipeline.
       elapsed = time.perf_counter() - start

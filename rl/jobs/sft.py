@@ -26,7 +26,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from absl import logging
 from flax import nnx
 
@@ -186,9 +185,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     epoch_rows = [[[int(i)] for i in order] for order in epoch_orders]
   steps_per_epoch = [max(len(rows) // s.batch_size, 1) for rows in epoch_rows]
   total = sum(steps_per_epoch)
-  schedule = optax.warmup_cosine_decay_schedule(0.0, s.lr, min(s.warmup_steps, total - 1),
-                                                total, end_value=s.lr * s.final_lr_fraction)
-  optimizer = ts.clipped_adamw(schedule, weight_decay=s.weight_decay, grad_clip=s.grad_clip)
+  optimizer = ts.make_optimizer(lr=s.lr, warmup_steps=s.warmup_steps, decay_steps=total,
+                                final_lr_fraction=s.final_lr_fraction,
+                                weight_decay=s.weight_decay, grad_clip=s.grad_clip)
   state = placement.train_state(params, optimizer, offload=c.optim.offload_state)
   params, opt_state = state.params, state.opt_state
   param_shardings, opt_shardings = placement.state_sharding(state)[:2]
@@ -214,15 +213,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     return ts.add_router_balance(loss, metrics, out.router_stats,
                                  model_cfg.router_aux_loss_coef, 1.0)
 
+  optimiser_step = ts.gradient_step(loss_fn, optimizer)
+
   # Layouts pinned (rl/parallel/placement.py): parameters and optimiser state stay where they were
   # placed, the optimiser state in host memory between steps with config.optim.offload_state.
   @functools.partial(jax.jit, static_argnums=4, donate_argnums=(0, 1),
                      out_shardings=(param_shardings, host_opt, None, None))
   def train_step(params, opt_state, rest, batch, stage):
-    opt_state = jax.device_put(opt_state, opt_shardings)
-    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, rest, batch, stage)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss, aux
+    return optimiser_step(params, jax.device_put(opt_state, opt_shardings), rest, batch, stage)
 
   def stage_at(step: int) -> str | None:
     """DSA: a dense warm-up (dense attention, the indexer fitted to it), then sparse training

@@ -418,31 +418,14 @@ class Trainer:
 
   @_on_mesh
   def advantages(self, traj, rewards) -> dict[str, np.ndarray]:
-    c = self.config
-    rl = c.rl
+    """The estimator config.rl.estimator names (rl/core/advantages.py registry), on rewards
+    placed on each response's last token; the critic runs only for an estimator that needs
+    its values."""
     mask = jnp.asarray(traj.response_mask, jnp.float32)
     scores = jnp.asarray(rewards["scores"])
-    group = jnp.asarray(traj.group_id)
-    out: dict[str, Any] = {}
-    if rl.estimator in ("grpo", "dr_grpo", "rloo"):
-      if rl.estimator == "rloo":
-        seq_adv = adv_lib.rloo(scores, group)
-      else:
-        seq_adv = adv_lib.grpo(scores, group, normalize_std=rl.estimator == "grpo")
-      out["advantages"] = seq_adv[:, None] * mask
-    else:
-      token_rewards = place_on_last_token(scores, mask)
-      if rl.estimator == "reinforce_pp":
-        out["advantages"] = adv_lib.reinforce_pp(token_rewards, mask, gamma=rl.gamma)
-      else:
-        values = self._values(traj)
-        lam = rl.lam
-        if rl.length_adaptive_alpha:
-          lam = adv_lib.length_adaptive_lambda(jnp.sum(mask, -1), alpha=rl.length_adaptive_alpha)
-        out["advantages"], _ = adv_lib.gae(token_rewards, values, mask, gamma=rl.gamma, lam=lam)
-        _, out["returns"] = adv_lib.gae(token_rewards, values, mask, gamma=rl.gamma,
-                                        lam=rl.lam_critic)
-        out["values"] = values
+    out = adv_lib.estimate(self.config.rl, scores, jnp.asarray(traj.group_id),
+                           place_on_last_token(scores, mask), mask,
+                           values=lambda: self._values(traj))
     return {k: np.asarray(v, np.float32) for k, v in out.items()}
 
   def _values(self, traj) -> jax.Array:

@@ -20,6 +20,7 @@ import optax
 from flax import nnx
 
 from models.tokenizer import IM_END
+from rl.core import train_step as ts
 from rl.rollout.sampling import next_token_logprobs
 from rl.tool_use import calls, environments
 from rl.tool_use.rollout import ToolRollout
@@ -81,16 +82,13 @@ def warm_start(graphdef, params, rest, batches: Sequence[Any], *, steps: int,
   """`steps` `optimizer` steps of the mean next-token loss on assistant tokens, over mini-batches
   drawn from `batches` (Trajectories); returns the new params and the per-step losses."""
 
-  @jax.jit
-  def step(params, opt_state, tokens, loss_mask, token_mask):
-    def loss_fn(params):
-      logits = nnx.merge(graphdef, params, rest).forward(tokens, token_mask=token_mask).logits
-      logp = next_token_logprobs(logits, tokens)
-      mask = loss_mask[:, 1:]
-      return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
+  def loss_fn(params, tokens, loss_mask, token_mask):
+    logits = nnx.merge(graphdef, params, rest).forward(tokens, token_mask=token_mask).logits
+    logp = next_token_logprobs(logits, tokens)
+    mask = loss_mask[:, 1:]
+    return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0), {}
+
+  step = jax.jit(ts.gradient_step(loss_fn, optimizer))
 
   opt_state = optimizer.init(params)
   order = np.random.default_rng(seed).integers(0, len(batches), size=steps)
@@ -101,7 +99,7 @@ def warm_start(graphdef, params, rest, batches: Sequence[Any], *, steps: int,
     width = mask.shape[1]
     last = np.where(mask.any(-1), width - np.argmax(mask[:, ::-1] > 0, -1), 0)
     token_mask = (np.arange(width)[None, :] < last[:, None]).astype(np.float32)
-    params, opt_state, loss = step(params, opt_state, jnp.asarray(traj.tokens),
-                                   jnp.asarray(mask), jnp.asarray(token_mask))
+    params, opt_state, loss, _ = step(params, opt_state, jnp.asarray(traj.tokens),
+                                      jnp.asarray(mask), jnp.asarray(token_mask))
     losses.append(float(loss))
   return params, losses

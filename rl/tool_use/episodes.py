@@ -98,8 +98,8 @@ class ToolUse:
           self.rollout, prompts[start:start + rows], entries[start:start + rows],
           prompt_width=self.prompt_width)
       batches.append(traj)
-    optimizer = ts.clipped_adamw(c.sft.lr, weight_decay=c.sft.weight_decay,
-                                 grad_clip=c.sft.grad_clip)
+    optimizer = ts.make_optimizer(lr=c.sft.lr, warmup_steps=None, weight_decay=c.sft.weight_decay,
+                                  grad_clip=c.sft.grad_clip)
     params, losses = demonstrations.warm_start(graphdef, params, rest, batches,
                                                steps=c.tools.warm_start_steps,
                                                optimizer=optimizer, seed=c.seed)

@@ -253,6 +253,9 @@ PROBES = {
 
 # field: why no test here shows it live.
 NOT_COVERED = {
+    "rl.policy_loss": "one registered policy loss (ppo_clip, spec section 1), so no other valid "
+                      "value; tests/rl/core/test_losses.py shows the update reads it "
+                      "(test_the_update_uses_the_policy_loss_the_config_names)",
     "tools.judge_weight": "needs a generative judge checkpoint (tools.judge_hf_dir) loaded and run "
                           "(rl/tool_use/reward.load_judge); too heavy for a liveness probe",
     "tools.judge_hf_dir": "read only when tools.judge_weight > 0 (see there)",

@@ -109,3 +109,69 @@ def test_trajectories_is_a_pytree_with_optional_fields():
   t2 = t.replace(routing=np.zeros((2, 4, 1, 2), np.int32))
   assert len(jax.tree.leaves(t2)) == 9 and t.routing is None
   np.testing.assert_array_equal(t.response_lengths, [2, 1])
+
+
+# ----------------------------------------------------------------------------- Registry
+
+SCORES = jnp.array([1.0, 0.0, 0.5, 0.5])
+GROUPS = jnp.array([0, 0, 1, 1])
+MASK = jnp.array([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 1.0]])
+
+
+def test_estimator_registry_holds_the_spec_estimators():
+  """Spec section 3: GRPO, Dr.GRPO, RLOO, REINFORCE++ and GAE, the one that needs the critic;
+  the config's allowed values are the registry's entries."""
+  from rl.core import algorithms
+  names = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")
+  assert adv.ESTIMATOR_REGISTRY.names() == names
+  assert algorithms.ESTIMATORS == names
+  assert [n for n in names if adv.ESTIMATOR_REGISTRY[n].needs_values] == ["gae"]
+
+
+def _estimate(estimator, values, **overrides):
+  rl = dict(estimator=estimator, gamma=0.9, lam=0.8, lam_critic=1.0, length_adaptive_alpha=0.0)
+  rl.update(overrides)
+  return adv.estimate(rl, SCORES, GROUPS, place_on_last_token(SCORES, MASK), MASK, values)
+
+
+def test_estimate_calls_each_estimator_the_same_way():
+  """Each entry gives what its pure function gives; the critic's values are asked for only by
+  GAE, which returns the critic's targets (lam_critic) and the values beside its advantages."""
+  asked = []
+  values = jnp.full(MASK.shape, 0.25) * MASK
+
+  def critic():
+    asked.append(1)
+    return values
+  rewards = place_on_last_token(SCORES, MASK)
+  want = {"grpo": adv.grpo(SCORES, GROUPS)[:, None] * MASK,
+          "dr_grpo": adv.grpo(SCORES, GROUPS, normalize_std=False)[:, None] * MASK,
+          "rloo": adv.rloo(SCORES, GROUPS)[:, None] * MASK,
+          "reinforce_pp": adv.reinforce_pp(rewards, MASK, gamma=0.9)}
+  for name, advantages in want.items():
+    out = _estimate(name, critic)
+    assert list(out) == ["advantages"], name
+    np.testing.assert_array_equal(out["advantages"], advantages, err_msg=name)
+  assert not asked
+  out = _estimate("gae", critic)
+  assert asked == [1] and list(out) == ["advantages", "returns", "values"]
+  np.testing.assert_array_equal(out["advantages"],
+                                adv.gae(rewards, values, MASK, gamma=0.9, lam=0.8)[0])
+  np.testing.assert_array_equal(out["returns"],
+                                adv.gae(rewards, values, MASK, gamma=0.9, lam=1.0)[1])
+  lam = adv.length_adaptive_lambda(jnp.sum(MASK, -1), alpha=0.5)
+  out = _estimate("gae", critic, length_adaptive_alpha=0.5)
+  np.testing.assert_array_equal(out["advantages"],
+                                adv.gae(rewards, values, MASK, gamma=0.9, lam=lam)[0])
+
+
+def test_unknown_estimator_names_the_field_and_the_entries():
+  from rl.core import algorithms
+  want = ("config.rl.estimator='ppo2': must be one of "
+          "['grpo', 'dr_grpo', 'rloo', 'reinforce_pp', 'gae']")
+  with pytest.raises(ValueError) as error:
+    _estimate("ppo2", lambda: None)
+  assert str(error.value) == want
+  with pytest.raises(ValueError) as error:
+    algorithms.validate_rl(dict(algorithms.recipe("grpo"), estimator="ppo2"))
+  assert str(error.value) == want

@@ -163,3 +163,98 @@ def test_token_mean_over_eight_data_shards_equals_unsharded():
     return jax.lax.psum(losses.policy_loss(lp, lo, adv_, m, num_tokens=n)[0], "data")
   sharded = jax.shard_map(shard_loss, mesh=mesh, in_specs=(P("data"),) * 4, out_specs=P())
   np.testing.assert_allclose(jax.jit(sharded)(logp, logp_old, a, mask), full, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- Registries
+
+
+def test_kl_registry_holds_the_spec_estimators():
+  """Spec section 4: k1, k2, k3 on samples from pi_theta and DeepSeek-V3.2's unbiased KL, all
+  called (logp, logp_old, logp_ref); the config's allowed kl_kind values are these."""
+  from rl.core import algorithms
+  assert losses.KL_REGISTRY.names() == ("k1", "k2", "k3", "unbiased")
+  assert algorithms.KL_KINDS == losses.KL_REGISTRY.names()
+  logp, old, ref = jnp.array([[-1.0, -1.0]]), jnp.array([[-1.2, -0.7]]), jnp.array([[-1.5, 29.0]])
+  for kind in ("k1", "k2", "k3"):
+    np.testing.assert_array_equal(losses.KL_REGISTRY[kind](logp, old, ref),
+                                  losses.kl(logp, ref, kind))
+  assert losses.KL_REGISTRY["unbiased"] is losses.unbiased_kl
+  with pytest.raises(ValueError, match="unbiased_kl"):
+    losses.kl(logp, ref, "unbiased")
+
+
+def test_policy_loss_registry_holds_the_spec_loss():
+  """Spec section 1: the PPO clipped surrogate (Clip-Higher, dual clip), with the config's clip
+  range, dual-clip constant (0: off) and aggregation."""
+  from rl.core import algorithms
+  assert losses.POLICY_LOSS_REGISTRY.names() == ("ppo_clip",)
+  assert algorithms.POLICY_LOSSES == ("ppo_clip",)
+  assert algorithms.recipe("grpo")["policy_loss"] == "ppo_clip"
+  logp, logp_old = _ratios_to_logp([1.5, 0.5, 1.1, 5.0])
+  a = jnp.array([[1.0, -1.0, 2.0, -1.0]])
+  mask = jnp.ones((1, 4))
+  rl = dict(clip_low=0.2, clip_high=0.28, clip_c=0.0, loss_agg_mode="seq-mean-token-sum")
+  for clip_c in (0.0, 3.0):
+    got = losses.POLICY_LOSS_REGISTRY["ppo_clip"](logp, logp_old, a, mask, dict(rl, clip_c=clip_c),
+                                                 num_seqs=2.0)
+    want = losses.policy_loss(logp, logp_old, a, mask, eps_low=0.2, eps_high=0.28,
+                              clip_c=clip_c or None, agg="seq-mean-token-sum", num_seqs=2.0)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert jax.tree.map(float, got[1]) == jax.tree.map(float, want[1])
+
+
+@pytest.mark.parametrize("registry,name,want", [
+    (losses.KL_REGISTRY, "k4",
+     "config.rl.kl_kind='k4': must be one of ['k1', 'k2', 'k3', 'unbiased']"),
+    (losses.POLICY_LOSS_REGISTRY, "gspo",
+     "config.rl.policy_loss='gspo': must be one of ['ppo_clip']"),
+])
+def test_unknown_entry_names_the_field_and_the_entries(registry, name, want):
+  """The lookup and the config's validation fail alike, on one line."""
+  from rl.core import algorithms
+  with pytest.raises(ValueError) as error:
+    registry[name]
+  assert str(error.value) == want
+  field = registry.field.rpartition(".")[2]
+  with pytest.raises(ValueError) as error:
+    algorithms.validate_rl(dict(algorithms.recipe("grpo"), **{field: name}))
+  assert str(error.value) == want
+
+
+def test_the_update_uses_the_policy_loss_the_config_names(monkeypatch):
+  """policy_objective looks config.rl.policy_loss up in the registry: a registered stand-in that
+  adds 1 to the PPO loss moves the update's loss by exactly 1."""
+  from flax import nnx
+
+  from models.transformer import build
+  from rl.core import algorithms
+  from rl.core import train_step as ts
+  from rl.core.registry import Registry
+  registry = Registry("config.rl.policy_loss")
+  registry.add("ppo_clip", losses.POLICY_LOSS_REGISTRY["ppo_clip"])
+
+  @registry.register("ppo_clip_plus_one")
+  def _plus_one(*args, **kwargs):
+    loss, metrics = losses.POLICY_LOSS_REGISTRY["ppo_clip"](*args, **kwargs)
+    return loss + 1.0, metrics
+  monkeypatch.setattr(losses, "POLICY_LOSS_REGISTRY", registry)
+
+  model = build("tiny_dense", seed=0)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  rng = np.random.default_rng(0)
+  width = 8
+  response = np.zeros((2, width), np.float32)
+  response[:, 3:] = 1
+  batch = {"tokens": rng.integers(0, model.cfg.vocab_size, (2, width), dtype=np.int32),
+           "response_mask": response, "attention_mask": np.ones((2, width), np.int32),
+           "logp_old": np.full((2, width), -4.0, np.float32),
+           "advantages": rng.normal(size=(2, width)).astype(np.float32),
+           "acc": np.ones(2, np.float32)}
+  batch = {k: jnp.asarray(v) for k, v in batch.items()}
+  counts = dict(ts.global_counts(batch, algorithms.recipe("grpo")), micro_batches=1.0)
+
+  def loss(name):
+    rl = dict(algorithms.recipe("grpo"), kl_coef=0.0, policy_loss=name)
+    return float(ts.policy_objective(params, graphdef, rest, batch, counts, rl=rl,
+                                     temperature=1.0, max_len=width)[0])
+  assert loss("ppo_clip_plus_one") - loss("ppo_clip") == pytest.approx(1.0, abs=1e-5)

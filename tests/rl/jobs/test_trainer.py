@@ -497,9 +497,13 @@ def test_optimiser_fields_reach_every_optimiser(tmp_path, monkeypatch):
   from rl.jobs import sft
   from rl.core import train_step as ts
   built = []
-  clipped_adamw = ts.clipped_adamw
-  monkeypatch.setattr(ts, "clipped_adamw", lambda lr, **kw: built.append(kw) or
-                      clipped_adamw(lr, **kw))
+  make_optimizer = ts.make_optimizer
+  fields = ("grad_clip", "b1", "b2", "weight_decay")
+
+  def spy(**kw):
+    built.append({k: kw[k] for k in fields if k in kw})
+    return make_optimizer(**kw)
+  monkeypatch.setattr(ts, "make_optimizer", spy)
   optim = {"optim.grad_clip": 0.25, "optim.b1": 0.8, "optim.b2": 0.95,
            "optim.weight_decay": 0.03}
   Trainer(small_config("vapo", **optim), str(tmp_path / "rl"))
