@@ -67,9 +67,9 @@ def main(argv):
   workdir = checkpoint.workdir_path(_WORKDIR.value or os.path.join("workdir",
                                                                     cli.config_name()))
   logging.info("workdir: %s", workdir)
-  from rl.jobs import sft_then_rl
+  from launch import jobs
   try:
-    sft_then_rl.run_job(config, str(workdir))
+    jobs.run_job(config, str(workdir))
   except checkpoint.Preempted as e:
     logging.info("%s", e)
 

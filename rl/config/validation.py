@@ -25,7 +25,7 @@ from rl.rollout import fp8
 from rl.rollout.streaming import StreamingConfig
 from rl.tool_use import environments
 
-JOBS = ("rl", "sft", "sft_rl", "o1_coder")  # rl/jobs/sft_then_rl.py run_job
+JOBS = ("rl", "sft", "sft_rl", "o1_coder")  # launch/jobs.py run_job
 TOKENIZERS_BUILTIN = ("byte",)  # models/tokenizer.py load_tokenizer
 
 
@@ -67,7 +67,7 @@ def check_paths(c: ml_collections.ConfigDict) -> None:
 
 
 def _check_run(c: ml_collections.ConfigDict) -> None:
-  """The top-level fields (rl/jobs/sft_then_rl.py, models/tokenizer.py, kernels/)."""
+  """The top-level fields (launch/jobs.py, models/tokenizer.py, kernels/)."""
   allowed("job", c.job, JOBS)
   if c.init_checkpoint and c.job in ("sft", "sft_rl"):
     raise ValueError(f"config.init_checkpoint={c.init_checkpoint!r} with config.job={c.job!r}: "

@@ -1,6 +1,5 @@
-"""Every job of config.job (`run_job`, what launch/train.py runs), and the multi-stage one: SFT
-cold start, then RL from the SFT checkpoint, then a held-out comparison of both checkpoints
-(table, results.json and a learning-curve PNG).
+"""The multi-stage job (config.job="sft_rl"): SFT cold start, then RL from the SFT checkpoint,
+then a held-out comparison of both checkpoints (table, results.json and a learning-curve PNG).
 
 Each stage lives in its own sub-directory of the workdir (local or remote, through
 etils.epath); a finished SFT stage is not rerun, and an interrupted SFT or RL stage resumes from
@@ -80,17 +79,3 @@ def run_sft_then_rl(config: ml_collections.ConfigDict, workdir: str | os.PathLik
   print(table)
   return results
 
-
-def run_job(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Runs config.job: "rl" (rl/jobs/trainer.py), "sft" (rl/jobs/sft.py), "o1_coder" (rl/o1_coder) or
-  "sft_rl" (`run_sft_then_rl`)."""
-  if config.job == "rl":
-    from rl.jobs import trainer
-    trainer.run(config, workdir)
-  elif config.job == "sft":
-    sft.run(config, workdir)
-  elif config.job == "o1_coder":
-    from rl.o1_coder import selfplay
-    selfplay.run(config, workdir)
-  else:
-    run_sft_then_rl(config, workdir)

@@ -634,7 +634,8 @@ def probe_init(c, workdir, res):
 
 
 def probe_job(c, workdir, res):
-  """Which stage launch/train.py runs (rl/pipeline.run_job)."""
+  """Which stage launch/train.py runs (launch/jobs.py run_job)."""
+  import launch.jobs
   import rl.jobs.sft_then_rl
   import rl.o1_coder.selfplay
   import rl.jobs.sft
@@ -646,7 +647,7 @@ def probe_job(c, workdir, res):
   try:
     for m, n in targets:
       setattr(m, n, lambda config, workdir, _n=f"{m.__name__}.{n}": ran.append(_n))
-    rl.jobs.sft_then_rl.run_job(c, str(workdir))
+    launch.jobs.run_job(c, str(workdir))
   finally:
     for (m, n), fn in zip(targets, saved):
       setattr(m, n, fn)
