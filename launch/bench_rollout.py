@@ -49,7 +49,8 @@ from launch import cli, rollout_peers  # noqa: E402
 from models import cache as cache_lib  # noqa: E402
 from models import hf  # noqa: E402
 from models.transformer import build, param_counts  # noqa: E402
-from rl.rollout import engine as rollout_lib, sampling  # noqa: E402
+from rl.rollout import engine as rollout_lib  # noqa: E402
+from rl.core import sampling
 
 _MODEL = flags.DEFINE_string("model", "tiny_dense", "Model preset (models/config.py).")
 _HF_DIR = flags.DEFINE_string("hf_dir", None, "A Hugging Face model directory (config.json + "

@@ -34,7 +34,7 @@ from models import planner
 from models import sharding as sharding_lib
 from models.config import ModelConfig
 from rl.config.describe import describe_model, describe_rl
-from rl.config.model import model_config
+from rl.core.policy import model_config
 from rl.config.validation import validate
 from rl.parallel import placement as placement_lib
 from rl.core import train_step as ts

@@ -34,7 +34,7 @@ from ml_collections import config_flags  # noqa: E402
 from launch import cli, logs  # noqa: E402
 from models import hf  # noqa: E402
 from models.tokenizer import load_tokenizer  # noqa: E402
-from rl.config.checks import InputError  # noqa: E402
+from rl.core.checks import InputError  # noqa: E402
 from rl.config.validation import validate  # noqa: E402
 from rl.jobs import evaluation  # noqa: E402
 from rl.rollout import engine as rollout_lib  # noqa: E402

@@ -51,7 +51,7 @@ def main(argv):
 
   from models import planner
   from rl.config.describe import describe_model
-  from rl.config.model import model_config
+  from rl.core.policy import model_config
   from rl.config.validation import validate
   from rl.parallel import placement
   config = _CONFIG.value

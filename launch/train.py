@@ -28,7 +28,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from launch import cli, logs  # noqa: E402
-from rl.config.checks import InputError  # noqa: E402
+from rl.core.checks import InputError  # noqa: E402
 from rl.config.validation import check_paths  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:arg]).",

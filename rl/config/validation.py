@@ -4,7 +4,7 @@
 validate calls each section's checker where it lives beside the code that reads the section
 (data: rl/data/entries.py and rl/data/curriculum.py; rl: rl/core/algorithms.py; mesh:
 rl/parallel/placement.py; sampler weights: rl/rollout/fp8.py; streaming: its StreamingConfig;
-tools: rl/tool_use/environments.py; model: rl/config/model.py). The checks below are the
+tools: rl/tool_use/environments.py; model: rl/core/policy.py). The checks below are the
 cross-section ones and those of sections whose reader holds none, grouped by the module that
 reads the section. Every bad value fails with InputError naming the field and what is allowed.
 """
@@ -16,8 +16,8 @@ import os
 import ml_collections
 
 import kernels
-from rl.config.checks import InputError, allowed, non_negative, positive
-from rl.config.model import check_hf_dir, model_config
+from rl.core.checks import InputError, allowed, non_negative, positive
+from rl.core.policy import check_hf_dir, model_config
 from rl.core import algorithms
 from rl.data import entries, sources
 from rl.parallel import placement

@@ -26,7 +26,7 @@ from flax import nnx
 from models import remat as remat_lib
 from models.transformer import update_router_biases
 from rl.core import losses
-from rl.rollout.sampling import masked_logprobs, token_logprobs, unpack_sample_mask
+from rl.core.sampling import masked_logprobs, token_logprobs, unpack_sample_mask
 
 
 class TrainState(NamedTuple):

@@ -24,7 +24,7 @@ import grain
 import numpy as np
 from absl import logging
 
-from rl.config.checks import allowed
+from rl.core.checks import allowed
 
 
 

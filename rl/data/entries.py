@@ -6,7 +6,7 @@ from __future__ import annotations
 import ml_collections
 from absl import logging
 
-from rl.config.checks import InputError, allowed, positive
+from rl.core.checks import InputError, allowed, positive
 from rl.data import curriculum, sources, templates
 from rl.rewards import manager, puzzles
 

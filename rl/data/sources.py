@@ -34,7 +34,7 @@ from typing import Any
 
 from absl import logging
 
-from rl.config.checks import InputError
+from rl.core.checks import InputError
 
 DOMAINS = ("math", "code", "logic", "general")
 PROMPT_ALIASES = ("prompt", "question", "problem")

@@ -30,8 +30,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
-from rl.config.checks import InputError
-from rl.config.model import model_config
+from rl.core.checks import InputError
+from rl.core.policy import model_config
 
 # Python modules a gs:// workdir needs beyond this project's requirements: etils.epath reads
 # and writes gs:// files through gcsfs (or TensorFlow's gfile), and orbax lists checkpoint

@@ -202,7 +202,7 @@ def load_policy_checkpoint(config, directory: str, step: int | None = None):
   from flax import nnx
 
   from models.transformer import Transformer
-  from rl.config.model import model_config
+  from rl.core.policy import model_config
 
   if not os.path.isdir(directory):
     raise FileNotFoundError(f"{directory}: no such directory")

@@ -41,7 +41,7 @@ from rl.core import train_step as ts
 from rl.core.losses import bt_loss, dpo_loss
 from rl.rewards.genrm import (BradleyTerryRM, GenerativeRM, at_last_token, judge_prompt,
                               split_model)
-from rl.rollout.sampling import next_token_logprobs, token_logprobs
+from rl.core.sampling import next_token_logprobs, token_logprobs
 
 # ----------------------------------------------------------------------------- Data
 

@@ -32,7 +32,7 @@ from flax import nnx
 from models import remat as remat_lib
 from models.padding import round_up
 from models.tokenizer import load_tokenizer, pad_batch
-from rl.config.model import build_policy, model_config
+from rl.core.policy import build_policy, model_config
 from rl.config.validation import check_paths, validate
 from rl.core import train_step as ts
 from rl.jobs.checkpoint import Checkpointer, PreemptionGuard, Preempted, save_run_config
@@ -40,7 +40,7 @@ from rl.jobs.checkpoint import workdir_path
 from rl.parallel.placement import Placement
 from rl.data.entries import encode_prompts, load_entries
 from rl.rewards import puzzles
-from rl.rollout.sampling import next_token_logprobs
+from rl.core.sampling import next_token_logprobs
 
 
 def sft_examples(entries, tokenizer, template: str) -> list[tuple[list[int], list[int]]]:

@@ -22,7 +22,7 @@ from flax import nnx
 from models.sharding import to_host
 from models.tokenizer import load_tokenizer
 from models.transformer import Transformer
-from rl.config.model import build_policy, model_config
+from rl.core.policy import build_policy, model_config
 from rl.config.validation import check_paths, validate
 from rl.core import advantages as adv_lib
 from rl.core import algorithms
@@ -37,7 +37,7 @@ from rl.jobs.checkpoint import Checkpointer, MetricsWriter, PreemptionGuard, Pre
 from rl.jobs.checkpoint import save_run_config, workdir_path
 from rl.rewards import manager
 from rl.rewards.shaping import overlong_penalty, place_on_last_token
-from rl.rollout.sampling import next_token_logprobs, unpack_sample_mask
+from rl.core.sampling import next_token_logprobs, unpack_sample_mask
 from rl.rollout.streaming import StreamingConfig, StreamingRollout
 from rl.tool_use import reward as tool_reward
 from rl.tool_use.episodes import ToolUse

@@ -35,7 +35,7 @@ from models.tokenizer import load_tokenizer
 from models.transformer import Transformer
 from rl.config.defaults import base_config
 from rl.config.describe import leaves
-from rl.config.model import model_config
+from rl.core.policy import model_config
 from rl.config.validation import validate
 from rl.core import advantages as adv_lib
 from rl.core import algorithms

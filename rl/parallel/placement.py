@@ -38,8 +38,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from models import memory, planner
 from models import remat as remat_lib
 from models import sharding as sharding_lib
-from rl.config.checks import allowed
-from rl.config.model import model_config
+from rl.core.checks import allowed
+from rl.core.policy import model_config
 from rl.core import train_step as ts
 
 

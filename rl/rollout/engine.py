@@ -8,7 +8,7 @@ How one call runs (`run_engine`, all inside one jit):
   refill  a free slot takes the next pending sequence: its prompt is prefilled (R rows at a
           time, in a fresh [R, P] cache whose rows are then copied into the free slots) and its
           next-token logits parked in the slot. Static batching is the case S >= N (one fill).
-  sample  every occupied slot draws its next token from the parked logits (`rl.rollout.sampling`),
+  sample  every occupied slot draws its next token from the parked logits (`rl.core.sampling`),
           with key fold_in(fold_in(rng, sequence uid), index of the token in the response), so
           the draw does not depend on which slot or step it happens in: static and continuous
           batching give the same samples.
@@ -42,7 +42,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from models import sharding as sharding_lib
 from models.padding import round_up
 from models.tokenizer import pad_batch
-from rl.rollout import fp8, sampling
+from rl.rollout import fp8
+from rl.core import sampling
 from rl.core.types import Trajectories
 
 _TRACES: collections.Counter = collections.Counter()

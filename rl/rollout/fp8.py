@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rl.config.checks import allowed
+from rl.core.checks import allowed
 
 WEIGHT_DTYPES = ("", "fp8_e4m3")  # config.rollout.weight_dtype: "" = the trainer's weights
 FP8_DTYPE = jnp.float8_e4m3fn

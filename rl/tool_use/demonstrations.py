@@ -21,7 +21,7 @@ from flax import nnx
 
 from models.tokenizer import IM_END
 from rl.core import train_step as ts
-from rl.rollout.sampling import next_token_logprobs
+from rl.core.sampling import next_token_logprobs
 from rl.tool_use import calls, environments
 from rl.tool_use.rollout import ToolRollout
 

@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rl.config.checks import allowed, positive
+from rl.core.checks import allowed, positive
 from rl.tool_use import calls
 from rl.tool_use.calls import ToolContext, ToolFailure, register_tool
 

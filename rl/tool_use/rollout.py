@@ -231,7 +231,7 @@ class ToolRollout:
                                 (n, width, *first.routing.shape[1:])).copy()
     first = next((ep for ep in episodes if ep.sample_masks), None)
     if first is not None:
-      # Positions the sampler did not draw keep every id (all bits set), as in rl.rollout.sampling.
+      # Positions the sampler did not draw keep every id (all bits set), as in rl.core.sampling.
       sample_mask = np.full((n, width, first.sample_masks[0][1].shape[-1]), 255, np.uint8)
     for row, ep in enumerate(episodes):
       position = 0

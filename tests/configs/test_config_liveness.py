@@ -7,7 +7,7 @@ needs a liveness proof (or a stated reason) before it can land.
 
 The probes observe, from the default and the changed config:
   model    the lowered (not compiled) forward + backward program of the config's model
-           (rl/config/model.py model_config, the path the trainer and SFT build the policy from);
+           (rl/core/policy.py model_config, the path the trainer and SFT build the policy from);
   update   the lowered RL update programs a Trainer builds (policy, critic, router rebalance);
   rollout  the lowered rollout engine of the Trainer's sampling and evaluation settings;
   sft      the lowered SFT steps, batches, checkpoint steps and log lines of rl/sft.run, with
@@ -34,7 +34,7 @@ from flax import nnx
 
 from rl.config.defaults import base_config
 from rl.config.describe import leaves
-from rl.config.model import build_policy, model_config
+from rl.core.policy import build_policy, model_config
 from rl.config.validation import validate
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))

@@ -9,10 +9,10 @@ import sys
 import pytest
 from ml_collections import config_flags  # noqa: F401  (the launcher's flag type)
 
-from rl.config.checks import InputError
+from rl.core.checks import InputError
 from rl.config.defaults import base_config
 from rl.config.describe import describe_rl
-from rl.config.model import build_policy, model_config
+from rl.core.policy import build_policy, model_config
 from rl.config.validation import check_paths, validate
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))

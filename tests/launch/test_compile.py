@@ -169,7 +169,7 @@ def test_planner_defers_to_the_compiler_on_a_tpu_slice(tpu_topologies):
   from configs import demo
   from launch import dry_run
   from models import planner
-  from rl.config.model import model_config
+  from rl.core.policy import model_config
   from rl.parallel import placement
   c = ml_collections.ConfigDict(demo.get_config().to_dict())
   c.train.prompts_per_step, c.train.samples_per_prompt = 4, 2

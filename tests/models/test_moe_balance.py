@@ -12,7 +12,7 @@ from flax import nnx
 from configs import demo
 from models import moe
 from models.transformer import build
-from rl.config.model import build_policy
+from rl.core.policy import build_policy
 from rl.config.validation import validate
 from rl.jobs import sft
 from rl.core import train_step as ts

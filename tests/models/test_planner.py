@@ -13,7 +13,7 @@ import pytest
 from launch import dry_run
 from models import planner
 from rl.config.defaults import base_config
-from rl.config.model import model_config
+from rl.core.policy import model_config
 from rl.config.validation import validate
 from rl.parallel import placement
 

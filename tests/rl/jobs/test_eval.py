@@ -261,7 +261,7 @@ def orbax_checkpoints(tmp_path_factory):
 
   from configs import demo
   from models.transformer import Transformer
-  from rl.config.model import model_config
+  from rl.core.policy import model_config
   from rl.core import train_step
   from rl.jobs.checkpoint import Checkpointer
   config = demo.get_config()

@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from rl.config.checks import InputError
+from rl.core.checks import InputError
 from rl.config.defaults import base_config
 from rl.config.validation import validate
 from rl.jobs import checkpoint

@@ -14,7 +14,8 @@ from scipy import stats
 
 from models import sharding as sharding_lib
 from models.transformer import build
-from rl.rollout import engine, sampling
+from rl.rollout import engine
+from rl.core import sampling
 
 STOP_IDS = tuple(range(1, 30))  # ~11% of the vocabulary: responses end at varied lengths
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [3] * 9, [40, 41], [77]]

@@ -12,7 +12,8 @@ from flax import nnx
 
 from models import sharding as sharding_lib
 from models.transformer import build
-from rl.rollout import engine, sampling, streaming
+from rl.rollout import engine, streaming
+from rl.core import sampling
 
 CFG = engine.RolloutConfig(
     max_new_tokens=12, temperature=1.0, top_k=100, keep_sampling_mask=True,

@@ -11,7 +11,7 @@ from flax import nnx
 from models import hf
 from models.config import KERNEL_BACKENDS, ModelConfig
 from models.transformer import Transformer
-from rl.config.checks import allowed
+from rl.core.checks import allowed
 
 # Fields a checkpoint's config.json fixes; the rest (dtypes, context length, init, dispatch) a
 # config may choose freely.

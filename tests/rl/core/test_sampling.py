@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rl.rollout import sampling
+from rl.core import sampling
 
 LOGITS = jnp.array([2.0, 1.5, 1.0, 0.3, 0.0, -0.5, -1.0, -3.0])
 DRAWS = 40_000
