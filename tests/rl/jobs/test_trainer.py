@@ -15,6 +15,7 @@ import pytest
 from configs import common, demo
 from rl.jobs import sft_then_rl
 from rl.jobs.trainer import Trainer
+from rl.rollout.sources import Rollout
 from scripted_rollout import scripted_trajectories
 
 
@@ -202,9 +203,9 @@ def _fake_rollout(trainer, outcomes):
   calls = iter(outcomes)
 
   def rollout(step, batch_index, entries_idx):
-    return scripted_trajectories(trainer, [(i, ok, g) for g, (i, pattern)
-                                           in enumerate(zip(entries_idx, next(calls)))
-                                           for ok in pattern])
+    return Rollout(*scripted_trajectories(trainer, [(i, ok, g) for g, (i, pattern)
+                                                    in enumerate(zip(entries_idx, next(calls)))
+                                                    for ok in pattern]), {})
   return rollout
 
 
