@@ -1,7 +1,7 @@
 """`Trajectories`: the rollout engine's record of a batch of sampled sequences (DESIGN.md).
 
 Fixed shapes, padded: B rows (prompt x sample), T token positions (prompt then response).
-Rewards (rl/trainer.score_trajectories) and advantages come next to it as per-row arrays; the
+Rewards (rl/jobs/batch.py score_trajectories) and advantages come next to it as per-row arrays; the
 update reads one mini-batch dict whose fields rl/train_step.BATCH_FIELDS lists and
 rl/train_step.check_batch enforces. Optional fields are None when their feature is off, so the
 record stays a valid pytree (None is an empty subtree).

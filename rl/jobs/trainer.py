@@ -1,9 +1,11 @@
 """The RL training loop, read top to bottom: prompts -> rollout -> rewards -> dynamic sampling ->
 advantages -> PPO epochs over shuffled mini-batches -> metrics -> checkpoint.
 
-Everything it calls is a pure function (rl/core/advantages.py, rl/core/losses.py, rl/core/train_step.py) or a
-small object with one job (rollout engine, verifier, checkpointer). A new recipe is a config
-(rl/core/algorithms.py); a new project is a fork of this file.
+Everything it calls is a pure function (rl/core/advantages.py, losses.py, train_step.py;
+rl/jobs/batch.py) or a small object with one job: the rollout source (rl/rollout/sources.py:
+engine, streaming or tool episodes, picked once from the config), the grader, the checkpointer.
+Its set-up is rl/jobs/rl_setup.py. A new recipe is a config (rl/core/algorithms.py); a new
+project is a fork of this file.
 """
 
 from __future__ import annotations
@@ -21,81 +23,23 @@ from flax import nnx
 
 from models.sharding import to_host
 from models.tokenizer import load_tokenizer
-from models.transformer import Transformer
-from rl.core.policy import build_policy, model_config
 from rl.config.validation import check_paths, validate
 from rl.core import advantages as adv_lib
-from rl.core import algorithms
 from rl.core import losses
-from rl.rollout import fp8
-from rl.parallel.placement import Placement
-from rl.rollout import engine as rollout_lib
 from rl.core import train_step as ts
-from rl.data.curriculum import PromptCurriculum, domain_of
-from rl.data.entries import encode_prompts, load_entries, prompt_of
+from rl.core.policy import model_config
+from rl.data.curriculum import PromptCurriculum
+from rl.data.entries import prompt_of
+from rl.jobs import batch as batch_lib
+from rl.jobs import rl_setup
+from rl.jobs.batch import concat_trajectories, score_trajectories, take_rows
 from rl.jobs.checkpoint import Checkpointer, MetricsWriter, PreemptionGuard, Preempted
 from rl.jobs.checkpoint import save_run_config, workdir_path
-from rl.rewards import manager
-from rl.rewards.shaping import overlong_penalty, place_on_last_token
-from rl.core.sampling import next_token_logprobs, unpack_sample_mask
-from rl.rollout.streaming import StreamingConfig, StreamingRollout
-from rl.tool_use import reward as tool_reward
-from rl.tool_use.episodes import ToolUse
+from rl.rewards.shaping import place_on_last_token
+from rl.rollout import fp8
+from rl.rollout.sources import Rollout
+from rl.tool_use.episodes import ToolEpisodes
 
-
-# ======================================================================== Reward
-
-def score_trajectories(traj, entries, tokenizer, cfg, tool_use=None) -> dict[str, np.ndarray]:
-  """Decodes responses, grades them (rl/rewards/manager.py: model output is never evaluated in
-  this process) and shapes the reward. Tool-use episodes (`tool_use`, rl/tool_use/episodes.py) are
-  graded by their environment's verifier, optionally mixed with a judge, and keep their
-  per-row episode statistics (turns, tool calls and errors) in the result."""
-  tokens = np.asarray(traj.tokens)
-  resp_mask = np.asarray(traj.response_mask).astype(bool)
-  lengths = resp_mask.sum(-1)
-  episode_stats = {}
-  if tool_use is not None:
-    episode_stats = tool_use.score(traj, entries)
-    acc, reward = episode_stats.pop("acc"), episode_stats.pop("reward")
-  else:
-    responses = [tokenizer.decode(tokens[n][resp_mask[n]]) for n in range(len(tokens))]
-    acc = reward = manager.score_responses(entries, responses)
-  rl = cfg.rl
-  scores = 2.0 * reward - 1.0 if rl.reward_mode == "dapo" else reward.copy()
-  if rl.overlong_buffer:
-    scores = scores + np.asarray(overlong_penalty(
-        jnp.asarray(lengths), max_len=cfg.rollout.max_new_tokens, buffer=rl.overlong_buffer,
-        factor=rl.overlong_factor))
-  return {"acc": acc, "scores": scores.astype(np.float32), "lengths": lengths,
-          "kl_coef": kl_coefs(entries, rl), **episode_stats}
-
-
-def kl_coefs(entries, rl) -> np.ndarray:
-  """Each row's KL weight: its domain's beta in config.rl.kl_coef_per_domain (a generated
-  puzzle's task, else the record's domain: rl.data.curriculum.domain_of), else
-  config.rl.kl_coef."""
-  betas = algorithms.kl_coefs_by_domain(rl.kl_coef_per_domain)
-  return np.array([betas.get(domain_of(e), rl.kl_coef) for e in entries], np.float32)
-
-
-def concat_trajectories(parts):
-  width = max(p.tokens.shape[1] for p in parts)
-
-  def pad(x):
-    if x is None or x.ndim < 2 or x.shape[1] == width:
-      return x
-    widths = [(0, 0)] * x.ndim
-    widths[1] = (0, width - x.shape[1])
-    return np.pad(np.asarray(x), widths)
-
-  def cat(*xs):
-    if xs[0] is None:
-      return None
-    return np.concatenate([np.asarray(pad(x)) for x in xs])
-  return jax.tree.map(cat, *parts, is_leaf=lambda x: x is None)
-
-
-# ======================================================================== Loop
 
 def _on_mesh(method):
   """Runs a Trainer method under the run's ambient mesh (rl/parallel/placement.py)."""
@@ -118,112 +62,73 @@ class Trainer:
     self.checkpointer = Checkpointer(self.workdir / "checkpoints",
                                      keep=c.train.keep_checkpoints,
                                      save_every=c.train.checkpoint_every)
-    save_run_config(self.workdir, c, resuming=self.checkpointer.latest_step() is not None)
+    resuming = self.checkpointer.latest_step() is not None
+    save_run_config(self.workdir, c, resuming=resuming)
     self.tokenizer = load_tokenizer(c.tokenizer)
     self.model_cfg = model_config(c)
 
     # -------------------------------------------------------------- Data
-    self.tools = ToolUse(c, self.tokenizer) if c.tools.enabled else None
-    # Tool environments' tasks (under their chat prompt), or config.data's entries.
-    self.train_entries, self.heldout_entries = (
-        self.tools.entries() if self.tools is not None else load_entries(c, self.tokenizer))
-    self.train_prompts = self._encode(self.train_entries)
-    self.heldout_prompts = self._encode(self.heldout_entries)
+    # Tool-use episodes (config.tools) or config.data's prompt records; `encode` gives prompt
+    # ids, `grader` per-row accuracy and reward (rl/jobs/rl_setup.py: data).
+    episodes = ToolEpisodes(c, self.tokenizer) if c.tools.enabled else None
+    self.train_entries, self.heldout_entries, self.encode, self.grader = rl_setup.data(
+        c, self.tokenizer, episodes)
+    self.train_prompts = self.encode(self.train_entries)
+    self.heldout_prompts = self.encode(self.heldout_entries)
     # Which prompts each step draws (deterministic in seed and step; config.data.curriculum).
     self.curriculum = PromptCurriculum(c.data, self.train_entries, seed=c.seed,
                                        exclude=[prompt_of(e) for e in self.heldout_entries])
 
-    # -------------------------------------------------------------- Model and optimiser
-    if c.rollout.streaming.enabled and self.tools is not None:
-      raise ValueError("config.rollout.streaming.enabled=True with config.tools.enabled=True: "
-                       "multi-turn tool episodes are not streamed; turn one of them off")
+    # -------------------------------------------------------------- Mesh and rollout
     # The mesh (config.mesh) every parameter, optimiser state and batch is laid out on.
-    self.placement = Placement.from_config(c)
-    self.placement.warn_unsplit_rows(
-        c.train.prompts_per_step * c.train.samples_per_prompt // c.train.mini_batches
-        // c.train.micro_batches,
-        "a micro-batch (prompts_per_step x samples_per_prompt / mini_batches / micro_batches)")
-    policy = build_policy(c, self.placement.mesh)
-    self.graphdef, params, self.rest = nnx.split(policy, nnx.Param, ...)
-    self.rest = jax.device_put(self.rest, self.placement.replicated)
-    # Policy and critic share config.optim but for the learning rate.
-    make_optimizer = functools.partial(
-        ts.make_optimizer, warmup_steps=c.optim.warmup_steps, weight_decay=c.optim.weight_decay,
-        grad_clip=c.optim.grad_clip, b1=c.optim.b1, b2=c.optim.b2)
-    self.optimizer = make_optimizer(lr=c.optim.lr)
+    self.placement = rl_setup.placement(c)
+    # Where trajectories come from (rl/rollout/sources.py), for training and held-out evals,
+    # and the sampler's FP8 weights (config.rollout.weight_dtype; None: the trainer's own).
+    self.source, self.eval_source = rl_setup.rollout_sources(
+        c, self.tokenizer, self.placement, episodes, resuming=resuming)
+    self.sampler_weights = rl_setup.sampler_weights(c)
+
+    # -------------------------------------------------------------- Model and optimiser
+    self.graphdef, params, self.rest = rl_setup.policy(c, self.placement)
+    self.optimizer = rl_setup.make_optimizer(c, c.optim.lr)
     self.state = self._train_state(params)
     self.critic = None
     if c.rl.use_critic:
-      critic = Transformer(self.model_cfg.replace(head="scalar", tie_embeddings=False),
-                           rngs=nnx.Rngs(params=c.seed + 1))
-      self.critic_graphdef, critic_params, self.critic_rest = nnx.split(critic, nnx.Param, ...)
-      self.critic_rest = jax.device_put(self.critic_rest, self.placement.replicated)
-      self.critic_optimizer = make_optimizer(lr=c.optim.critic_lr)
-      self.critic = self.placement.train_state(critic_params, self.critic_optimizer,
-                                               offload=c.optim.offload_state)
-    self.start_step = 0
-    self.bad_steps = 0
+      self.critic_graphdef, self.critic_rest, self.critic_optimizer, self.critic = (
+          rl_setup.critic(c, self.model_cfg, self.placement))
+    self.start_step = self.bad_steps = 0
     self.wall_s_before = 0.0  # wall time of the run's earlier legs (from the checkpoint)
     if c.init_checkpoint:
-      self._load_init(c.init_checkpoint)
+      params, self.rest = rl_setup.load_init(c.init_checkpoint, self.state.params, self.rest,
+                                             self.placement)
+      self.state = self._train_state(params)
     # The KL reference is the policy the run starts from (config.init_checkpoint, init_hf_dir
     # or the random init, with its router biases), also after a resume and before any tool
     # warm start. A copy: the update donates (and so invalidates) the state's buffers.
-    self.ref_params = self.ref_rest = None
-    if self._kl_on():
-      self.ref_params, self.ref_rest = jax.tree.map(jnp.copy, (self.state.params, self.rest))
+    self.ref_params, self.ref_rest = (jax.tree.map(jnp.copy, (self.state.params, self.rest))
+                                      if self._kl_on() else (None, None))
     self._maybe_resume()
-    if self.tools is not None and c.tools.warm_start_steps and not self.start_step and (
+    if episodes is not None and c.tools.warm_start_steps and not self.start_step and (
         not c.init_checkpoint):  # cold start on expert tool-use transcripts (deterministic)
       with self.placement.scope():
-        self.state = self._train_state(self.tools.warm_start(
+        self.state = self._train_state(episodes.warm_start(
             self.graphdef, self.state.params, self.rest, self.train_entries,
             self.train_prompts))
 
-    rl = c.rl.to_dict()
-    max_len = c.rollout.max_new_tokens
     temperature = max(c.rollout.temperature, 1e-6)
-    # Layouts pinned: the update keeps the state where placement put it (the batch comes
-    # placed by Placement.put_batch, its rows over the mesh's batch axes).
-    offload = bool(c.optim.offload_state)
-    self.policy_update = ts.make_update(
-        ts.policy_objective, self.graphdef, self.optimizer,
-        micro_batches=c.train.micro_batches, rl=rl, temperature=temperature, max_len=max_len,
-        router_aux_loss_coef=self.model_cfg.router_aux_loss_coef,
-        state_sharding=self.placement.state_sharding(self.state), offload_optimizer=offload)
+    self.policy_update = rl_setup.update_fn(
+        ts.policy_objective, c, self.placement, self.graphdef, self.optimizer, self.state,
+        temperature=temperature, router_aux_loss_coef=self.model_cfg.router_aux_loss_coef)
     # MoE: one aux-loss-free bias step per RL step, after its updates, from the load they saw
     # (the bias is constant within a step: rollout and update route alike).
     self.rebalance = (ts.make_rebalance(self.graphdef, self.model_cfg.router_bias_rate)
                       if self.model_cfg.router_bias_rate else None)
-    if self.critic is not None:
-      self.critic_update = ts.make_update(
-          ts.critic_objective, self.critic_graphdef, self.critic_optimizer,
-          micro_batches=c.train.micro_batches, rl=rl, max_len=max_len,
-          state_sharding=self.placement.state_sharding(self.critic), offload_optimizer=offload)
-    self.rollout_cfg = rollout_lib.run_rollout_config(
-        c, stop_ids=self.tokenizer.stop_ids, pad_id=self.tokenizer.pad_id)
-    self.eval_cfg = self.rollout_cfg.replace(greedy=c.rollout.eval_temperature == 0,
-                                             temperature=c.rollout.eval_temperature or 1.0,
-                                             keep_sampling_mask=False, keep_routing=False)
-    # Streaming rollouts (rl/rollout/streaming.py): partial generations carry over between steps,
-    # each token keeping the log-prob and version of the policy that sampled it. Every
-    # generation batch submits its prompts and takes prompts_per_step complete groups; an
-    # empty pool is filled with twice that, so unfinished groups carry over to the next step.
-    self.stream = None
-    if c.rollout.streaming.enabled:
-      s = c.rollout.streaming
-      self.stream = StreamingRollout(
-          self.rollout_cfg, StreamingConfig(on_policy_fraction=s.on_policy_fraction,
-                                            max_staleness=s.max_staleness,
-                                            round_tokens=s.round_tokens),
-          num_samples=c.train.samples_per_prompt, seed=c.seed,
-          mesh=self.placement.rollout_mesh)
-      if self.start_step:
-        logging.warning("streaming rollouts: the pool of partial generations is not in the "
-                        "checkpoint; the resumed run starts with an empty pool")
-    self.sampler_weights = (fp8.SamplerWeights(c.rollout.weight_dtype,
-                                                 block_size=c.rollout.weight_block_size)
-                            if c.rollout.weight_dtype else None)
+    self.critic_update = None if self.critic is None else rl_setup.update_fn(
+        ts.critic_objective, c, self.placement, self.critic_graphdef, self.critic_optimizer,
+        self.critic)
+    # Token log-probs of the policy's architecture: the reference model's (KL) and, with a
+    # quantised sampler, the trainer's own (the sampler gap). One jitted function for both.
+    self.logprobs = rl_setup.token_logprobs_fn(self.graphdef, temperature)
     self.writer = MetricsWriter(self.workdir, resume_step=self.start_step)
 
   def _train_state(self, params) -> ts.TrainState:
@@ -254,24 +159,6 @@ class Trainer:
     self._follow_curriculum()
     logging.info("resumed from %s at step %d", self.checkpointer.directory, self.start_step)
 
-  def _load_init(self, directory: str) -> None:
-    """Starts from the policy parameters (and MoE router biases) of an earlier stage's
-    checkpoint (e.g. SFT)."""
-    init = Checkpointer(directory)
-    step = init.latest_step()
-    if step is None:
-      raise FileNotFoundError(f"config.init_checkpoint={directory!r} holds no checkpoint")
-    try:
-      restored, _ = init.restore(step, {"params": self.state.params, "rest": self.rest},
-                                 partial=True)
-      self.rest = jax.device_put(restored["rest"], self.placement.replicated)
-    except ValueError:  # a checkpoint of parameters only (an older SFT stage)
-      restored, _ = init.restore(step, {"params": self.state.params}, partial=True)
-      logging.warning("%s step %d holds parameters only: the MoE router biases start from "
-                      "their initial values", directory, step)
-    self.state = self._train_state(restored["params"])
-    init.close()
-
   def wall_s(self) -> float:
     """Wall time of the whole run so far: earlier legs (up to their last checkpoint) + this."""
     return self.wall_s_before + time.perf_counter() - self.t_leg
@@ -287,40 +174,22 @@ class Trainer:
     if self.curriculum.entries is self.train_entries:
       return
     self.train_entries = self.curriculum.entries
-    self.train_prompts = self._encode(self.train_entries)
-
-  def _encode(self, entries) -> list[list[int]]:
-    """Prompt ids: the tool environments' chat prompt, or config.data.prompt_template."""
-    if self.tools is not None:
-      return self.tools.encode(entries)
-    return encode_prompts(entries, self.tokenizer, self.config.data.prompt_template)
+    self.train_prompts = self.encode(self.train_entries)
 
   # ---------------------------------------------------------------------- Rollout
-  def _rollout(self, step: int, batch_index: int, entries_idx: np.ndarray):
-    c = self.config
-    rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(c.seed), step), batch_index)
-    prompts = [self.train_prompts[i] for i in entries_idx]
-    if self.stream is not None:  # the step's prompts join the pool; complete groups come out
-      self.stream.submit(prompts, payloads=[self.train_entries[i] for i in entries_idx])
-      traj, payloads, self.stream_stats = self.stream.collect(
-          self.graphdef, self._policy_state(), policy_version=step,
-          num_groups=c.train.prompts_per_step)
-      return traj, [payloads[g] for g in np.asarray(traj.group_id)]
-    if self.tools is not None:
-      return self.tools.generate(self.graphdef, self._policy_state(), prompts,
-                                 [self.train_entries[i] for i in entries_idx], rng,
-                                 self.rollout_cfg, num_samples=c.train.samples_per_prompt,
-                                 policy_version=step)
-    traj = rollout_lib.generate(self.graphdef, self._policy_state(), prompts, rng,
-                                self.rollout_cfg, num_samples=c.train.samples_per_prompt,
-                                policy_version=step, mesh=self.placement.rollout_mesh)
-    group_entries = [self.train_entries[entries_idx[g]] for g in np.asarray(traj.group_id)]
-    return traj, group_entries
+  def _rollout(self, step: int, batch_index: int, entries_idx: np.ndarray) -> Rollout:
+    """One generation batch of the training prompts `entries_idx` from the run's source."""
+    rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.config.seed), step),
+                             batch_index)
+    return self.source.generate(self.graphdef, self._policy_state(),
+                                [self.train_prompts[i] for i in entries_idx],
+                                [self.train_entries[i] for i in entries_idx], rng,
+                                policy_version=step)
 
   def _policy_state(self):
     """The full model state (parameters + router biases) the rollout engine merges; with
-    config.rollout.weight_dtype set, its big matmul weights quantised (rl/rollout/fp8.py), once per
-    weight update."""
+    config.rollout.weight_dtype set, its big matmul weights quantised (rl/rollout/fp8.py), once
+    per weight update."""
     if self.sampler_weights is not None:
       return self.sampler_weights(self.state.params, self.rest)
     return nnx.merge_state(self.state.params, self.rest)
@@ -331,17 +200,15 @@ class Trainer:
     further generation batches until the batch is full, drop the surplus."""
     c = self.config
     want = c.train.prompts_per_step
-    kept, kept_rewards, stats = [], [], {"gen_batches": 0, "groups_seen": 0, "groups_kept": 0,
-                                         "filled_groups": 0}
+    stats = {"gen_batches": 0, "groups_seen": 0, "groups_kept": 0, "filled_groups": 0}
+    kept = []  # (trajectories, rewards) of the groups the step keeps
     spare = []  # (trajectories, rewards) of uniform groups dynamic sampling dropped
     t_rollout = t_reward = 0.0
-    while (room := want - sum(len(np.unique(np.asarray(t.group_id))) for t in kept)) > 0:
+    while (room := want - sum(len(np.unique(np.asarray(t.group_id))) for t, _ in kept)) > 0:
       if stats["gen_batches"] >= c.rl.max_num_gen_batches and c.rl.fill_at_cap:
         for traj, rewards in spare:  # top up with uniform groups (config.rl.fill_at_cap)
           groups = np.unique(np.asarray(traj.group_id))[:room]
-          rows = np.isin(np.asarray(traj.group_id), groups)
-          kept.append(jax.tree.map(lambda x: np.asarray(x)[rows], traj))
-          kept_rewards.append({k: v[rows] for k, v in rewards.items()})
+          kept.append(take_rows(traj, rewards, np.isin(np.asarray(traj.group_id), groups)))
           stats["filled_groups"] += len(groups)
           room -= len(groups)
           if not room:
@@ -354,15 +221,12 @@ class Trainer:
             f"batches ({stats['groups_seen']} groups seen): most groups are all-correct or "
             "all-wrong. Raise max_num_gen_batches, change the data difficulty, set "
             "config.rl.fill_at_cap=True, or set config.rl.dynamic_sampling=False.")
-      size = want
-      if self.stream is not None and not self.stream.num_in_flight + self.stream.num_ready:
-        size = 2 * want  # an empty pool starts with a surplus: later steps take what it has
-      idx = self.curriculum.draw(step, stats["gen_batches"], size)
+      idx = self.curriculum.draw(step, stats["gen_batches"], self.source.prompts_wanted(want))
       t0 = time.perf_counter()
-      traj, entries = self._rollout(step, stats["gen_batches"], idx)
+      traj, entries, source_stats = self._rollout(step, stats["gen_batches"], idx)
       jax.block_until_ready(traj.tokens)
       t1 = time.perf_counter()
-      rewards = score_trajectories(traj, entries, self.tokenizer, c, self.tools)
+      rewards = score_trajectories(traj, entries, self.grader, c)
       t_rollout += t1 - t0
       t_reward += time.perf_counter() - t1
       stats["gen_batches"] += 1
@@ -374,48 +238,30 @@ class Trainer:
         keep_groups = [g for g in groups if np.std(rewards["acc"][group == g]) > 0]
         uniform = np.isin(group, keep_groups, invert=True)
         if c.rl.fill_at_cap and uniform.any():
-          spare.append((jax.tree.map(lambda x: np.asarray(x)[uniform], traj),
-                        {k: v[uniform] for k, v in rewards.items()}))
+          spare.append(take_rows(traj, rewards, uniform))
       else:
         keep_groups = list(groups)
       keep_groups = keep_groups[:room]
       stats["groups_kept"] += len(keep_groups)
       rows = np.isin(group, keep_groups)
       if rows.any():
-        kept.append(jax.tree.map(lambda x: np.asarray(x)[rows], traj))
-        kept_rewards.append({k: v[rows] for k, v in rewards.items()})
+        kept.append(take_rows(traj, rewards, rows))
       if not stats.get("first"):
         stats["first"], first_entries = rewards, entries
-    traj = concat_trajectories(kept)
-    rewards = {k: np.concatenate([r[k] for r in kept_rewards]) for k in kept_rewards[0]}
+    traj = concat_trajectories([t for t, _ in kept])
+    rewards = {k: np.concatenate([r[k] for _, r in kept]) for k in kept[0][1]}
     first = stats.pop("first")
     stats.update(t_rollout=t_rollout, t_reward=t_reward, raw_acc=float(first["acc"].mean()),
                  raw_len_mean=float(first["lengths"].mean()))
     # The first generation batch is the step's unfiltered sample (dynamic sampling would bias).
     stats["curriculum"] = self.curriculum.observe(step, first_entries, first["acc"])
     self._follow_curriculum()
-    if self.tools is not None:  # per-environment success, turns, tool errors (first batch)
-      stats.update(tool_reward.episode_metrics(first))
-    if self.stream is not None:  # pool and staleness after the step's last collection
-      stats.update({f"stream/{k}": float(v) for k, v in self.stream_stats.items()})
+    # The grader's metrics of the first batch (tool episodes: per-environment success, turns,
+    # tool errors) and the source's of the last (streaming: pool and staleness).
+    stats["source"] = {**self.grader.metrics(first), **source_stats}
     return traj, rewards, stats
 
   # ---------------------------------------------------------------------- Advantages
-  def _forward_fn(self, graphdef):
-    c = self.config
-
-    @jax.jit
-    def logprobs(params, rest, tokens, routing, sample_mask):
-      model = nnx.merge(graphdef, params, rest)
-      out = model.forward(tokens, routing=routing)
-      kept = None
-      if sample_mask is not None:
-        kept = unpack_sample_mask(sample_mask[:, 1:], out.logits.shape[-1])
-      logp = next_token_logprobs(out.logits, tokens, temperature=max(c.rollout.temperature, 1e-6),
-                                 kept_mask=kept)
-      return jnp.pad(logp, ((0, 0), (1, 0)))
-    return logprobs
-
   @_on_mesh
   def advantages(self, traj, rewards) -> dict[str, np.ndarray]:
     """The estimator config.rl.estimator names (rl/core/advantages.py registry), on rewards
@@ -443,34 +289,13 @@ class Trainer:
 
   # ---------------------------------------------------------------------- Update
   def build_batch(self, traj, rewards, advs) -> dict[str, np.ndarray]:
-    c = self.config
-    tokens = np.asarray(traj.tokens)
-    width = tokens.shape[1]
-    # Attend up to each row's last policy token: tool results inside the response (mask 0)
-    # make prompt_len + sum(mask) too short, and tokens after it carry no loss.
-    resp = np.asarray(traj.response_mask).astype(bool)
-    last_policy = np.where(resp.any(-1), width - np.argmax(resp[:, ::-1], -1), 0)
-    total_len = np.maximum(np.asarray(traj.prompt_lens), last_policy)
-    batch = {
-        "tokens": tokens,
-        "response_mask": np.asarray(traj.response_mask, np.float32),
-        "attention_mask": (np.arange(width)[None, :] < total_len[:, None]).astype(np.float32),
-        "logp_old": np.asarray(traj.logp_old, np.float32),
-        "acc": rewards["acc"],
-        **advs,
-    }
-    if c.rl.overlong_filter:
-      batch["response_mask"] = batch["response_mask"] * (~np.asarray(traj.truncated))[:, None]
-    if c.rl.keep_routing and traj.routing is not None:
-      batch["routing"] = np.asarray(traj.routing)
-    if c.rl.keep_sampling_mask and traj.sample_mask is not None:
-      batch["sample_mask"] = np.asarray(traj.sample_mask)
+    """The update's fields (rl/jobs/batch.py) and, with a KL term, the reference log-probs and
+    each row's KL weight."""
+    batch = batch_lib.build_batch(traj, rewards, advs, self.config.rl)
     if self._kl_on():
-      if not hasattr(self, "_ref_logprobs"):
-        self._ref_logprobs = self._forward_fn(self.graphdef)
       with self.placement.scope():
-        batch["logp_ref"] = np.asarray(to_host(self._ref_logprobs(
-            self.ref_params, self.ref_rest, jnp.asarray(tokens), batch.get("routing"),
+        batch["logp_ref"] = np.asarray(to_host(self.logprobs(
+            self.ref_params, self.ref_rest, jnp.asarray(batch["tokens"]), batch.get("routing"),
             batch.get("sample_mask"))))
       batch["kl_coef"] = rewards["kl_coef"]
     return batch
@@ -478,10 +303,8 @@ class Trainer:
   def _sampler_logp_gap(self, batch: dict) -> dict[str, float]:
     """|trainer - sampler| log-prob of the sampled response tokens, before the update: how far
     a quantised sampler's logp_old is from the trainer's own."""
-    if not hasattr(self, "_trainer_logprobs"):
-      self._trainer_logprobs = self._forward_fn(self.graphdef)
-    logp = self._trainer_logprobs(self.state.params, self.rest, jnp.asarray(batch["tokens"]),
-                                  batch.get("routing"), batch.get("sample_mask"))
+    logp = self.logprobs(self.state.params, self.rest, jnp.asarray(batch["tokens"]),
+                         batch.get("routing"), batch.get("sample_mask"))
     return fp8.logp_gap(to_host(logp), batch["logp_old"], batch["response_mask"])
 
   @_on_mesh
@@ -525,19 +348,13 @@ class Trainer:
   # ---------------------------------------------------------------------- Evaluate
   @_on_mesh
   def evaluate(self, entries=None, prompts=None) -> float:
-    """Greedy held-out accuracy of the current policy."""
+    """Held-out accuracy of the current policy (config.rollout.eval_temperature; 0: greedy)."""
     entries = entries if entries is not None else self.heldout_entries
     prompts = prompts if prompts is not None else self.heldout_prompts
-    if self.tools is not None:
-      traj, row_entries = self.tools.generate(self.graphdef, self._policy_state(), prompts,
-                                              entries, jax.random.key(0), self.eval_cfg,
-                                              num_samples=1)
-    else:
-      traj = rollout_lib.generate(self.graphdef, self._policy_state(), prompts,
-                                  jax.random.key(0), self.eval_cfg, num_samples=1,
-                                  mesh=self.placement.rollout_mesh)
-      row_entries = [entries[g] for g in np.asarray(traj.group_id)]
-    rewards = score_trajectories(traj, row_entries, self.tokenizer, self.config, self.tools)
+    traj, row_entries, _ = self.eval_source.generate(
+        self.graphdef, self._policy_state(), prompts, entries, jax.random.key(0),
+        policy_version=0)
+    rewards = score_trajectories(traj, row_entries, self.grader, self.config)
     return float(rewards["acc"].mean())
 
   # ---------------------------------------------------------------------- Loop
@@ -573,8 +390,7 @@ class Trainer:
               "config.optim.lr or check the data.")
       else:
         self.bad_steps = 0
-      resp = np.asarray(traj.response_mask)
-      lengths = resp.sum(-1)
+      lengths = np.asarray(traj.response_mask).sum(-1)
       generated = stats["gen_batches"] * c.train.prompts_per_step * c.train.samples_per_prompt
       last = {
           "reward": float(rewards["scores"].mean()), f"acc/{c.data.task}": stats["raw_acc"],
@@ -587,9 +403,7 @@ class Trainer:
           "time/rollout": stats["t_rollout"], "time/reward": stats["t_reward"],
           "time/update": t2 - t1, "time/step": t2 - t0,
           "tokens_per_s": generated * stats["raw_len_mean"] / max(stats["t_rollout"], 1e-9),
-          **metrics,
-          **{k: v for k, v in stats.items() if k.startswith(("tools/", "stream/"))},
-          **stats["curriculum"],
+          **metrics, **stats["source"], **stats["curriculum"],
       }
       if c.train.eval_every and (step + 1) % c.train.eval_every == 0:
         last["heldout_acc"] = self.evaluate()
@@ -611,8 +425,7 @@ class Trainer:
     self.save(c.train.steps, force=True)
     self.checkpointer.close()
     self.writer.close()
-    if self.tools is not None:
-      self.tools.runner.close()
+    self.source.close()
     return last
 
 

@@ -1,5 +1,7 @@
-"""What the RL trainer calls when `config.tools.enabled`: environment entries as prompt records,
-multi-turn rollouts in place of single-turn generation, and verifier (+ judge) rewards."""
+"""Tool-use episodes for the RL trainer when `config.tools.enabled`: environment entries as
+prompt records, multi-turn episodes as its rollout source (`EpisodeSource`, the interface of
+rl/rollout/sources.py) in place of single-turn generation, verifier (+ judge) rewards and their
+per-environment metrics, and the warm start on expert transcripts."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ import numpy as np
 from absl import logging
 
 from models.padding import round_up
-from rl.rollout import engine as rollout_lib
 from rl.core import train_step as ts
 from rl.rewards import sandbox
+from rl.rollout import engine as rollout_lib
+from rl.rollout.sources import Rollout
 from rl.tool_use import calls, demonstrations, environments, reward
 from rl.tool_use.rollout import ToolRollout, ToolRolloutConfig
 
@@ -22,8 +25,9 @@ def environment_names(c: ml_collections.ConfigDict) -> list[str]:
   return [name.strip() for name in c.tools.environments.split(",") if name.strip()]
 
 
-class ToolUse:
-  """The trainer's tool-use pieces for one run (thread pool, rollout, judge)."""
+class ToolEpisodes:
+  """The tool-use episodes of one run: their tasks, prompts, thread pool, multi-turn rollout,
+  grading (verifier + judge) and warm start."""
 
   def __init__(self, c: ml_collections.ConfigDict, tokenizer):
     t = c.tools
@@ -107,6 +111,39 @@ class ToolUse:
                  len(losses), count, losses[0], losses[-1])
     return params
 
+  def source(self, cfg: rollout_lib.RolloutConfig, *, num_samples: int) -> EpisodeSource:
+    return EpisodeSource(self, cfg, num_samples=num_samples)
+
   def score(self, traj, entries: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """Per row: acc (verifier), reward (mixed with the judge) and the episode's statistics."""
     return reward.score_episodes(traj, entries, self.tokenizer, judge=self.judge,
                                  judge_weight=self.config.tools.judge_weight)
+
+  def metrics(self, scored: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Per-environment success, turns, tool calls and errors of scored rows."""
+    return reward.episode_metrics(scored)
+
+
+class EpisodeSource:
+  """`num_samples` tool-use episodes per prompt, sampled with `cfg`: a rollout source
+  (rl/rollout/sources.py). Its rows' entries carry their episode info under "episode". The
+  sources of one ToolEpisodes share its thread pool; closing one closes it."""
+
+  def __init__(self, episodes: ToolEpisodes, cfg: rollout_lib.RolloutConfig, *,
+               num_samples: int):
+    self.episodes = episodes
+    self.cfg = cfg
+    self.num_samples = num_samples
+
+  def prompts_wanted(self, num_groups: int) -> int:
+    return num_groups
+
+  def generate(self, graphdef, state, prompts, entries, rng, *, policy_version: int
+               ) -> Rollout:
+    traj, row_entries = self.episodes.generate(
+        graphdef, state, prompts, entries, rng, self.cfg, num_samples=self.num_samples,
+        policy_version=policy_version)
+    return Rollout(traj, row_entries, {})
+
+  def close(self) -> None:
+    self.episodes.runner.close()

@@ -422,7 +422,7 @@ def probe_rollout(c, workdir, res):
   texts = []
   with t.placement.scope():
     state = t._policy_state()
-    for cfg in (t.rollout_cfg, t.eval_cfg):
+    for cfg in (t.source.cfg, t.eval_source.cfg):
       ids, _ = engine.prompt_batch(t.train_prompts[:2], cfg)
       texts.append(_text(engine.lower_engine(t.graphdef, state, cfg, sequences=4,
                                               prompt_width=ids.shape[1])))
@@ -450,10 +450,10 @@ def probe_prompts(c, workdir, res):
 
 def probe_score(c, workdir, res):
   """score_trajectories on fixed right / wrong responses: scores and per-row KL weights."""
-  from rl.jobs.trainer import score_trajectories
+  from rl.jobs.batch import ResponseGrader, score_trajectories
   t = _trainer(c, workdir)
   traj, entries = _fake_traj(t)
-  r = score_trajectories(traj, entries, t.tokenizer, c)
+  r = score_trajectories(traj, entries, ResponseGrader(t.tokenizer), c)
   return [r["scores"].tolist(), r["kl_coef"].tolist()]
 
 
@@ -478,6 +478,7 @@ def probe_batch(c, workdir, res):
 def probe_collect(c, workdir, res):
   """Trainer.collect with a sampler replaced by scripted outcomes (the real verifier scores
   them): which groups are kept, how many generation batches, or the error."""
+  from rl.rollout.sources import Rollout
   t = _trainer(c, workdir)
   calls = []
 
@@ -487,7 +488,7 @@ def probe_collect(c, workdir, res):
     outcomes = [int(n % 2 == 0 or (batch_index == 0 and n < g)) for n in range(len(idx) * g)]
     calls.append(len(idx))
     traj, entries = _fake_traj(t, outcomes)
-    return traj, entries
+    return Rollout(traj, entries, {})
 
   t._rollout = rollout
   try:
@@ -529,7 +530,7 @@ def probe_run(c, workdir, res):
   rewards = {"scores": np.zeros(4, np.float32), "acc": np.zeros(4, np.float32)}
   stats = {"gen_batches": 1, "groups_seen": 2, "groups_kept": 2, "filled_groups": 0,
            "t_rollout": 0.0, "t_reward": 0.0, "raw_acc": 0.0, "raw_len_mean": 1.0,
-           "curriculum": {}}
+           "curriculum": {}, "source": {}}
   t.collect = lambda step: (traj, rewards, dict(stats))
   t.advantages = lambda traj, rewards: {}
   t.build_batch = lambda traj, rewards, advs: {"response_mask": np.ones((4, 4))}
@@ -581,8 +582,9 @@ def probe_stream(c, workdir, res):
   the engine's round width, the groups taken from the old pool, and the groups restarted as
   stale two versions later."""
   from rl.rollout import streaming
+  from rl.rollout.sources import StreamingSource
   t = _trainer(c, workdir)
-  if t.stream is None:
+  if not isinstance(t.source, StreamingSource):
     return None
   rounds = []
 
@@ -596,7 +598,7 @@ def probe_stream(c, workdir, res):
   real = streaming.engine.run_engine
   streaming.engine.run_engine = engine
   try:
-    s = t.stream
+    s = t.source.stream
     s.submit(t.train_prompts[:4])
     s.collect(t.graphdef, None, policy_version=0, num_groups=1)
     s.submit(t.train_prompts[4:6])
@@ -609,10 +611,11 @@ def probe_stream(c, workdir, res):
 def probe_tools(c, workdir, res):
   """The Trainer's tool-use set-up: tasks, encoded prompts, episode rollout settings, tool
   runner."""
+  from rl.tool_use.episodes import EpisodeSource
   t = _trainer(c, workdir)
-  if t.tools is None:
+  if not isinstance(t.source, EpisodeSource):
     return [t.train_prompts[:4]]
-  tools = t.tools
+  tools = t.source.episodes
   runner = tools.runner
   out = [t.train_prompts[:4], str(tools.rollout.cfg), runner._pool._max_workers,
          runner.timeout_s, runner.allow_weak_sandbox]

@@ -13,7 +13,7 @@ from rl.config.defaults import base_config
 from rl.core import algorithms
 from rl.core import train_step as ts
 from rl.rewards import puzzles
-from rl.jobs.trainer import kl_coefs, score_trajectories
+from rl.jobs.batch import ResponseGrader, kl_coefs, score_trajectories
 from rl.core.types import Trajectories
 
 BETAS = "math=0.1, addition=0.5"
@@ -47,7 +47,7 @@ def test_rewarder_weighs_each_row_by_its_domain():
                       truncated=np.zeros(2, bool))
   c = _config()
   c.rl.overlong_buffer = 0
-  rewards = score_trajectories(traj, entries, tokenizer, c)
+  rewards = score_trajectories(traj, entries, ResponseGrader(tokenizer), c)
   np.testing.assert_array_equal(rewards["acc"], [1.0, 1.0])
   np.testing.assert_allclose(rewards["kl_coef"], [0.1, 0.5])
   np.testing.assert_allclose(kl_coefs(entries + [{"prompt": "p", "domain": "logic"}], c.rl),

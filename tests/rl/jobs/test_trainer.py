@@ -16,6 +16,7 @@ from configs import demo
 from rl.config.validation import validate
 from rl.jobs import sft_then_rl
 from rl.jobs.trainer import Trainer
+from rl.rollout.sources import Rollout
 from scripted_rollout import scripted_trajectories
 
 
@@ -198,15 +199,28 @@ def test_router_biases_move_between_steps_not_within_one(demo_run, tmp_path):
     assert not np.array_equal(biases[-1], biases[-2])  # moved by +-0.5 per expert
 
 
+def test_reference_and_sampler_gap_share_one_compiled_forward(tmp_path):
+  """With a KL term and FP8 sampler weights, the reference model's log-probs and the sampler
+  gap (the trainer's own log-probs before the update) go through one jitted forward, compiled
+  once for the step's batch shape (they were two jit wrappers of it, compiled twice)."""
+  c = small_config("grpo_v32", **{"rollout.weight_dtype": "fp8_e4m3", "train.steps": 1})
+  trainer = Trainer(c, str(tmp_path))
+  traj, rewards, _ = trainer.collect(0)
+  batch = trainer.build_batch(traj, rewards, trainer.advantages(traj, rewards))
+  metrics = trainer.update(0, batch)
+  assert "logp_ref" in batch and "sampler/logp_gap_mean" in metrics
+  assert trainer.logprobs._cache_size() == 1
+
+
 def _fake_rollout(trainer, outcomes):
   """Stands in for the sampler only: responses are the gold solution (correct) or a wrong
   answer; the trainer's real verifier scores them."""
   calls = iter(outcomes)
 
   def rollout(step, batch_index, entries_idx):
-    return scripted_trajectories(trainer, [(i, ok, g) for g, (i, pattern)
-                                           in enumerate(zip(entries_idx, next(calls)))
-                                           for ok in pattern])
+    return Rollout(*scripted_trajectories(trainer, [(i, ok, g) for g, (i, pattern)
+                                                    in enumerate(zip(entries_idx, next(calls)))
+                                                    for ok in pattern]), {})
   return rollout
 
 

@@ -34,6 +34,7 @@ from rl.tool_use import calls, context, demonstrations, environments, reward
 from rl.tool_use.calls import register_tool
 from rl.tool_use.demonstrations import DemonstrationPolicy
 from rl.tool_use.rollout import ToolRollout, ToolRolloutConfig
+from rl.jobs.batch import build_batch
 from rl.jobs.trainer import Trainer
 
 TOKENIZER = ByteTokenizer()
@@ -333,9 +334,8 @@ def test_tool_result_positions_get_no_gradient():
   traj, infos, _ = run_scripted(entries, turns, max_new_tokens=128, max_turns=2,
                                 max_tool_tokens=64)
   config = tool_config()
-  fake_trainer = types.SimpleNamespace(config=config, _kl_on=lambda: False)
   advs = {"advantages": np.asarray(traj.response_mask, np.float32) * np.array([[1.0], [-1.0]])}
-  batch = Trainer.build_batch(fake_trainer, traj, {"acc": np.ones(2, np.float32)}, advs)
+  batch = build_batch(traj, {"acc": np.ones(2, np.float32)}, advs, config.rl)
   mask = batch["response_mask"].astype(bool)
   last = np.array([np.flatnonzero(m).max() for m in mask])
   # The whole episode is attended, tool results in the middle included.
