@@ -25,6 +25,8 @@ import numpy as np
 from absl import logging
 
 from rl.core.checks import allowed
+from rl.data.templates import prompt_of
+from rl.rewards import puzzles
 
 
 
@@ -203,7 +205,6 @@ class DifficultyCurriculum:
   @classmethod
   def for_puzzles(cls, task_names: Sequence[str], **kwargs) -> DifficultyCurriculum:
     """A curriculum over puzzle tasks, their level counts taken from `puzzles.TASKS`."""
-    from rl.rewards import puzzles  # Only this constructor needs the puzzle registry.
     return cls({name: puzzles.TASKS[name].levels for name in task_names}, **kwargs)
 
   def _set_level(self, task: str, level: int) -> None:
@@ -398,8 +399,6 @@ class PromptCurriculum:
     return self.pools[pool][[order[k] for k in range(start, start + count)]]
 
   def _regenerate(self, level: int) -> None:
-    from rl.data.entries import prompt_of
-    from rl.rewards import puzzles
     fresh = puzzles.make(self.data.task, size=self.data.train_size,
                          seed=self.seed + 7919 * (level + 1), difficulty=level)
     self.entries = [e for e in fresh if prompt_of(e) not in self.exclude]

@@ -53,8 +53,8 @@ def load_entries(c: ml_collections.ConfigDict,
   if tokenizer is not None:
     train = fit_context(train, train_where, tokenizer, c)
     heldout = fit_context(heldout, heldout_where, tokenizer, c)
-  train_prompts = {prompt_of(e) for e in train}
-  heldout = [e for e in heldout if prompt_of(e) not in train_prompts]
+  train_prompts = {templates.prompt_of(e) for e in train}
+  heldout = [e for e in heldout if templates.prompt_of(e) not in train_prompts]
   if not train or not heldout:
     raise ValueError(f"no {'training' if not train else 'held-out'} problems left "
                      "(config.data: sizes, files, or every held-out question is also a training "
@@ -62,13 +62,9 @@ def load_entries(c: ml_collections.ConfigDict,
   return train, heldout
 
 
-def prompt_of(entry: dict) -> str:
-  return entry["prompt"] if "prompt" in entry else entry["question"]
-
-
 def encode_prompts(entries, tokenizer, template: str) -> list[list[int]]:
   """Prompt ids of entries under a template of rl/data/templates.py."""
-  return [templates.encode({"prompt": prompt_of(e)}, template, tokenizer) for e in entries]
+  return [templates.encode({"prompt": templates.prompt_of(e)}, template, tokenizer) for e in entries]
 
 
 def fit_context(entries: list[dict], where: list[str], tokenizer,
@@ -80,7 +76,7 @@ def fit_context(entries: list[dict], where: list[str], tokenizer,
   limit = c.model.max_seq_len - c.rollout.max_new_tokens
   kept, skipped = [], 0
   for entry, place in zip(entries, where, strict=True):
-    length = len(templates.encode({"prompt": prompt_of(entry)}, c.data.prompt_template,
+    length = len(templates.encode({"prompt": templates.prompt_of(entry)}, c.data.prompt_template,
                                   tokenizer))
     if length <= limit:
       kept.append(entry)

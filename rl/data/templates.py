@@ -56,3 +56,8 @@ def encode(record: Mapping[str, Any], template: str, tokenizer: Any) -> list[int
   if template == "chat":
     return list(tokenizer.apply_chat_template(messages(record)))
   return tokenizer.encode(render(record, template), add_bos=True)
+
+
+def prompt_of(entry: dict) -> str:
+  """The question of a data entry: its "prompt" (records, puzzles) or "question" (eval sets)."""
+  return entry["prompt"] if "prompt" in entry else entry["question"]

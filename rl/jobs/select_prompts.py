@@ -32,7 +32,8 @@ from rl.config.validation import check_paths, validate
 from rl.jobs import evaluation
 from rl.rollout import engine as rollout_lib
 from rl.data import selection
-from rl.data.entries import encode_prompts, load_entries, prompt_of
+from rl.data.entries import encode_prompts, load_entries
+from rl.data.templates import prompt_of
 from rl.rewards import manager
 from rl.rewards import extract
 

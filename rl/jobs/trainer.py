@@ -29,7 +29,7 @@ from rl.core import losses
 from rl.core import train_step as ts
 from rl.core.policy import model_config
 from rl.data.curriculum import PromptCurriculum
-from rl.data.entries import prompt_of
+from rl.data.templates import prompt_of
 from rl.jobs import batch as batch_lib
 from rl.jobs import rl_setup
 from rl.jobs.batch import concat_trajectories, score_trajectories, take_rows

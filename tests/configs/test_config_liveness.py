@@ -566,7 +566,7 @@ def probe_bad_steps(c, workdir, res):
 
 def probe_curriculum(c, workdir, res):
   """Prompt draws of the Trainer's curriculum over 4 steps at 75% accuracy."""
-  from rl.data.entries import prompt_of
+  from rl.data.templates import prompt_of
   t = _trainer(c, workdir)
   draws = []
   for step in range(4):

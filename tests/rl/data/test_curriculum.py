@@ -266,7 +266,7 @@ def test_online_curriculum_moves_weight_to_learnable_domains_and_resumes():
 
 
 def test_difficulty_curriculum_raises_the_level_and_regenerates_after_resume():
-  from rl.data.entries import prompt_of
+  from rl.data.templates import prompt_of
   from rl.rewards import puzzles
   data = data_section(curriculum="difficulty", difficulty=0, train_size=50,
                       curriculum_threshold=0.75, curriculum_window=2)
