@@ -1,11 +1,11 @@
-"""Curricula (rl/data/curriculum.py): schedules, adaptation, difficulty, the prompt draw, and resume."""
+"""Curricula (rl/data/curriculum.py, rl/data/schedules.py): schedules, adaptation, difficulty, the prompt draw, and resume."""
 
 import json
 
 import numpy as np
 import pytest
 
-from rl.data import curriculum
+from rl.data import curriculum, schedules
 
 
 def json_round_trip(state):
@@ -15,7 +15,7 @@ def json_round_trip(state):
 # ----------------------------------------------------------------------------- Staged schedule
 
 def data_scaling_schedule():
-  return curriculum.StagedSchedule([
+  return schedules.StagedSchedule([
       (0, {"code": 1.0}),
       (200, {"code": 1.0, "math": 1.0}),
       (600, {"code": 2.0, "math": 2.0, "logic": 1.0, "general": 1.0}),
@@ -42,13 +42,13 @@ def test_staged_schedule_boundaries():
 def test_staged_schedule_rejects_bad_stages(stages, message):
   """Misordered stages and bad weights fail at construction."""
   with pytest.raises(ValueError, match=message):
-    curriculum.StagedSchedule(stages)
+    schedules.StagedSchedule(stages)
 
 
 def test_staged_schedule_state_round_trip():
   """A schedule restored from a checkpoint decides like the one that was saved."""
   saved = data_scaling_schedule()
-  restored = curriculum.StagedSchedule([(0, {"math": 1.0})])
+  restored = schedules.StagedSchedule([(0, {"math": 1.0})])
   restored.load_state_dict(json_round_trip(saved.state_dict()))
   assert all(restored.weights(s) == saved.weights(s) for s in range(0, 800, 50))
 
@@ -57,10 +57,10 @@ def test_staged_schedule_state_round_trip():
 
 def test_adaptation_moves_weight_toward_improving_domain():
   """A domain whose accuracy rises gains weight over one that is flat at the same level."""
-  adaptation = curriculum.OnlineAdaptation(["math", "code"], floor=0.1)
+  adaptation = schedules.OnlineAdaptation(["math", "code"], floor=0.1)
   adaptation.update({"math": 0.5, "code": 0.5})
   assert adaptation.weights() == pytest.approx({"math": 0.5, "code": 0.5})
-  adaptation = curriculum.OnlineAdaptation(["math", "code"], floor=0.1)
+  adaptation = schedules.OnlineAdaptation(["math", "code"], floor=0.1)
   for accuracy in np.linspace(0.2, 0.5, 16):  # math climbs to where code has sat all along
     adaptation.update({"math": float(accuracy), "code": 0.5})
   weights = adaptation.weights()
@@ -71,7 +71,7 @@ def test_adaptation_moves_weight_toward_improving_domain():
 
 def test_adaptation_floor_for_saturated_and_hopeless():
   """Saturated and hopeless domains fall to exactly the floor; the learnable one gets the rest."""
-  adaptation = curriculum.OnlineAdaptation(["math", "code", "logic"], floor=0.05)
+  adaptation = schedules.OnlineAdaptation(["math", "code", "logic"], floor=0.05)
   for _ in range(5):
     adaptation.update({"math": 1.0, "code": 0.0, "logic": 0.5})
   assert adaptation.weights() == pytest.approx({"math": 0.05, "code": 0.05, "logic": 0.9})
@@ -81,12 +81,12 @@ def test_adaptation_floor_for_saturated_and_hopeless():
   with pytest.raises(ValueError, match="must be in \\[0, 1\\]"):
     adaptation.update({"math": 1.5})
   with pytest.raises(ValueError, match="floor"):
-    curriculum.OnlineAdaptation(["a", "b", "c"], floor=0.4)
+    schedules.OnlineAdaptation(["a", "b", "c"], floor=0.4)
 
 
 def test_adaptation_unseen_domain_is_tried():
   """A domain with no accuracy yet gets the mid-range score, not the floor."""
-  adaptation = curriculum.OnlineAdaptation(["math", "code"], floor=0.05)
+  adaptation = schedules.OnlineAdaptation(["math", "code"], floor=0.05)
   for _ in range(3):
     adaptation.update({"math": 0.97})
   assert adaptation.weights() == pytest.approx({"math": 0.05, "code": 0.95})
@@ -96,7 +96,7 @@ def test_adaptation_unseen_domain_is_tried():
 
 def test_difficulty_rises_after_threshold_over_window_and_not_before():
   """The level rises only once a full window at this level averages >= threshold."""
-  difficulty = curriculum.DifficultyCurriculum({"maze": 3}, threshold=0.8, window=3)
+  difficulty = schedules.DifficultyCurriculum({"maze": 3}, threshold=0.8, window=3)
   assert difficulty.update({"maze": 0.9}) == [] and difficulty.update({"maze": 0.9}) == []
   assert difficulty.level("maze") == 0  # window not yet full
   assert difficulty.update({"maze": 0.5}) == []  # mean 0.77 < 0.8
@@ -116,13 +116,13 @@ def test_difficulty_rises_after_threshold_over_window_and_not_before():
 def test_difficulty_for_puzzles_uses_task_levels():
   """for_puzzles reads level counts from the puzzle registry; bad inputs fail."""
   from rl.rewards import puzzles
-  difficulty = curriculum.DifficultyCurriculum.for_puzzles(["arithmetic", "maze"])
+  difficulty = schedules.DifficultyCurriculum.for_puzzles(["arithmetic", "maze"])
   assert difficulty.num_levels == {"arithmetic": puzzles.TASKS["arithmetic"].levels,
                                    "maze": puzzles.TASKS["maze"].levels}
   with pytest.raises(ValueError, match="must be in \\[0, 1\\]"):
     difficulty.update({"maze": 80.0})
   with pytest.raises(ValueError, match="level 99 outside"):
-    curriculum.DifficultyCurriculum({"maze": 3}, start={"maze": 99})
+    schedules.DifficultyCurriculum({"maze": 3}, start={"maze": 99})
 
 
 # ----------------------------------------------------------------------------- Domain counts
@@ -131,14 +131,14 @@ def test_domain_counts_follow_weights():
   """Counts sum to the batch, are floor/ceil of batch * w, and average to batch * w."""
   weights = {"math": 0.5, "code": 0.3, "logic": 0.2}
   domains = ["math", "code", "logic"]
-  all_counts = np.array([[curriculum.domain_counts(weights, domains, 7, rng_seed=[0, step])[d]
+  all_counts = np.array([[schedules.domain_counts(weights, domains, 7, rng_seed=[0, step])[d]
                           for d in domains] for step in range(3000)])
   assert np.all(all_counts.sum(1) == 7)
   exact = np.array([3.5, 2.1, 1.4])
   assert np.all((all_counts == np.floor(exact)) | (all_counts == np.ceil(exact)))
   np.testing.assert_allclose(all_counts.mean(0), exact, atol=0.05)
   with pytest.raises(ValueError, match="without records: \\['general'\\]"):
-    curriculum.domain_counts({"general": 1.0}, domains, 4, rng_seed=0)
+    schedules.domain_counts({"general": 1.0}, domains, 4, rng_seed=0)
 
 
 # ----------------------------------------------------------------------------- Resume
@@ -156,9 +156,9 @@ def drive(adaptation, difficulty, schedule, steps):
 
 
 def make_curricula():
-  return (curriculum.OnlineAdaptation(["math", "code", "logic"]),
-          curriculum.DifficultyCurriculum({"maze": 5}, threshold=0.5, window=2),
-          curriculum.StagedSchedule([(0, {"code": 1.0, "logic": 1.0}),
+  return (schedules.OnlineAdaptation(["math", "code", "logic"]),
+          schedules.DifficultyCurriculum({"maze": 5}, threshold=0.5, window=2),
+          schedules.StagedSchedule([(0, {"code": 1.0, "logic": 1.0}),
                                      (4, {"code": 1.0, "math": 1.0, "logic": 1.0})]))
 
 
