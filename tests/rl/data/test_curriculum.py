@@ -1,4 +1,5 @@
-"""Curricula (rl/data/curriculum.py, rl/data/schedules.py): schedules, adaptation, difficulty, the prompt draw, and resume."""
+"""Curricula (rl/data/curriculum.py, schedules.py): schedules, adaptation, difficulty, the
+prompt draw, and resume."""
 
 import json
 
