@@ -41,7 +41,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
 from kernels import autotune
-from kernels.vjp import attention_with_vjp
+from kernels.vjp import Tiling, attention_with_vjp, launch_params
 
 # Enough programs to fill an H100 (132 SMs) about twice before splitting the index lists.
 _TARGET_PROGRAMS = 264
@@ -144,12 +144,8 @@ def _bwd_kernel(nchunks_ref, idx_ref, mult_ref, q_ref, kv_ref, dout_ref, lse_ref
 
 
 @dataclasses.dataclass(frozen=True)
-class _Tiling:
-  """Static launch parameters of one call (hashable: the nondiff argument of the custom_vjp)."""
-  scale: float
-  d_v: int
-  block_h: int
-  block_k: int
+class _Tiling(Tiling):
+  """Static launch parameters of one call on a GPU."""
   num_splits: int
   interpret: bool
   num_warps: int
@@ -338,15 +334,13 @@ def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float,
   Returns:
     out [B, S, H, d_v] in q's dtype and lse [B, S, H] fp32 (-inf for a token with no index).
   """
-  batch, steps, heads, dim = q.shape
-  if kv.shape[-1] != dim or not 0 < d_v < dim:
-    raise ValueError(f"sparse_mla: q width {dim}, kv width {kv.shape[-1]}, d_v {d_v}: kv must "
-                     "match q and d_v must leave a rope part")
-  autotune.check_block_config(block_config)
-  if block_config == "auto":
-    tuned = tuned_launch(q, kv, indices, scale=scale, d_v=d_v, interpret=interpret)
-    block_h, block_k = tuned["block_h"], tuned["block_k"]
-    num_warps, num_stages = tuned["num_warps"], tuned["num_stages"]
+  batch, steps, heads, _ = q.shape
+  launch = launch_params(
+      q, kv, d_v, block_config,
+      lambda: tuned_launch(q, kv, indices, scale=scale, d_v=d_v, interpret=interpret),
+      block_h=block_h, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+  block_h, block_k = launch["block_h"], launch["block_k"]
+  num_warps, num_stages = launch["num_warps"], launch["num_stages"]
   dtype = jnp.promote_types(q.dtype, kv.dtype)
   block_h = block_h or default_block_h(heads)
   if num_splits is None:

@@ -266,3 +266,18 @@ def test_bad_files_and_tensors_are_named(ckpt_root, tmp_path, caplog):
   assert "not used by the model" in caplog.text
   assert "lm_head.weight" in caplog.text and "model.layers.1.mlp.up_proj.weight" in caplog.text
   assert "model.layers.0." not in caplog.text
+
+
+def test_model_dsa_layer_through_kernels_matches_transformers(tmp_path):
+  """transformers' deepseek_v32 logits (top-k 5 < 20 tokens, so the sparse path is live) are
+  reproduced (<= 1e-4) when our DSA layers run the interpret-mode kernels."""
+  path = hf_checkpoint("deepseek_v32", str(tmp_path))
+  tokens, mask, lengths = padded_batch()
+  expected, _ = hf_logits(path, tokens, mask)
+  model = hf.load_pretrained(path, dtype="float32")
+  graphdef, state = nnx.split(model)
+  out = jax.jit(lambda s, t: nnx.merge(graphdef, s).forward(t, kernel_backend="interpret"))(
+      state, jnp.asarray(tokens))
+  assert out.index_topk[0].shape[-1] == 5 < tokens.shape[1]
+  for b, n in enumerate(lengths):
+    np.testing.assert_allclose(np.asarray(out.logits)[b, :n], expected[b, :n], atol=1e-4, rtol=0)
