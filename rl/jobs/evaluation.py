@@ -29,6 +29,7 @@ import numpy as np
 
 from models.padding import round_up
 from rl.rollout import engine as rollout_lib
+from rl.rollout import trajectories
 from rl.data import EVAL_DIR, templates
 from rl.rewards import code as code_reward
 from rl.rewards import extract
@@ -357,8 +358,8 @@ def evaluate(graphdef, state, problems: Sequence[Problem], prompts: Sequence[Seq
   for batch_index, first in enumerate(range(0, len(problems), batch_size)):
     batch = problems[first:first + batch_size]
     rng = jax.random.fold_in(jax.random.key(seed), batch_index)
-    traj = rollout_lib.generate(graphdef, state, prompts[first:first + batch_size], rng, cfg,
-                                num_samples=num_samples)
+    traj = trajectories.generate(graphdef, state, prompts[first:first + batch_size], rng, cfg,
+                                 num_samples=num_samples)
     tokens = np.asarray(traj.tokens)
     response_mask = np.asarray(traj.response_mask).astype(bool)
     texts = [tokenizer.decode(row[mask]) for row, mask in zip(tokens, response_mask)]

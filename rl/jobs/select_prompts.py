@@ -31,6 +31,7 @@ from models.tokenizer import load_tokenizer
 from rl.config.validation import check_paths, validate
 from rl.jobs import evaluation
 from rl.rollout import engine as rollout_lib
+from rl.rollout import trajectories
 from rl.data import selection
 from rl.data.entries import encode_prompts, load_entries
 from rl.data.templates import prompt_of
@@ -180,8 +181,8 @@ def sample_and_select(config: ml_collections.ConfigDict, checkpoint: str, *, rul
   def generate_fn(batch, num):
     rng = jax.random.fold_in(jax.random.key(seed), calls[0])
     calls[0] += 1
-    traj = rollout_lib.generate(graphdef, state, [prompt_ids[index_of[id(r)]] for r in batch],
-                                rng, cfg, num_samples=num)
+    traj = trajectories.generate(graphdef, state, [prompt_ids[index_of[id(r)]] for r in batch],
+                                 rng, cfg, num_samples=num)
     tokens, mask = np.asarray(traj.tokens), np.asarray(traj.response_mask).astype(bool)
     texts = [tokenizer.decode(tokens[i][mask[i]]) for i in range(len(tokens))]
     logging.info("prompt selection: %d/%d prompts sampled (%.0f s)",

@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from rl.rollout import engine as rollout_lib
+from rl.rollout import trajectories
 from rl.rewards import code as code_reward
 from rl.o1_coder import mcts
 from rl.o1_coder.tasks import (CODE, PLAN, REFINE, CodingTask, action_of, join_steps,
@@ -85,9 +86,9 @@ class PolicySampler:
               else self.config.max_new_tokens for line in one_line]
     rng = jax.random.fold_in(self.rng, self.calls)
     self.calls += 1
-    traj = rollout_lib.generate(self.graphdef, self.state, prompts, rng, self.config,
-                                num_samples=num_samples, stop_ids=stop_ids,
-                                max_new_tokens=limits)
+    traj = trajectories.generate(self.graphdef, self.state, prompts, rng, self.config,
+                                 num_samples=num_samples, stop_ids=stop_ids,
+                                 max_new_tokens=limits)
     tokens = np.asarray(traj.tokens)
     mask = np.asarray(traj.response_mask).astype(bool)
     texts = [self.tokenizer.decode(tokens[row][mask[row]]) for row in range(len(tokens))]

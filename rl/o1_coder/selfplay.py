@@ -40,6 +40,7 @@ from rl.config.validation import validate
 from rl.core import advantages as adv_lib
 from rl.core import algorithms
 from rl.rollout import engine as rollout_lib
+from rl.rollout import trajectories
 from rl.core import train_step as ts
 from rl.rewards import code as code_reward
 from rl.o1_coder import mcts, prm as prm_lib, reasoning, tcg
@@ -146,8 +147,8 @@ class SelfPlayPolicy:
     """(Trajectories, per-row reasoning paths) of `num_samples` responses per task."""
     cfg = self.rollout_cfg.replace(greedy=greedy)
     prompts = [self.tokenizer.encode(task.prompt) for task in tasks]
-    traj = rollout_lib.generate(self.graphdef, nnx.merge_state(self.state.params, self.rest),
-                                prompts, rng, cfg, num_samples=num_samples)
+    traj = trajectories.generate(self.graphdef, nnx.merge_state(self.state.params, self.rest),
+                                 prompts, rng, cfg, num_samples=num_samples)
     tokens = np.asarray(traj.tokens)
     mask = np.asarray(traj.response_mask).astype(bool)
     paths = [split_steps(self.tokenizer.decode(tokens[row][mask[row]]))

@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from rl.rollout import engine as rollout_lib
+from rl.rollout import trajectories
 from rl.jobs.preference import PreferencePair, train_dpo
 from rl.rewards import code as code_reward
 from rl.o1_coder.finetune import supervised_finetune
@@ -90,7 +91,7 @@ def generate_cases(model, tokenizer, tasks: Sequence[CodingTask], *, max_new_tok
                                      stop_ids=tuple(tokenizer.stop_ids), prompt_bucket=16,
                                      pad_id=tokenizer.pad_id)
   prompts = [tokenizer.encode(tcg_prompt(task)) for task in tasks]
-  traj = rollout_lib.generate(graphdef, state, prompts, jax.random.key(seed), config)
+  traj = trajectories.generate(graphdef, state, prompts, jax.random.key(seed), config)
   tokens = np.asarray(traj.tokens)
   mask = np.asarray(traj.response_mask).astype(bool)
   return [parse_cases(tokenizer.decode(tokens[row][mask[row]])) for row in range(len(tasks))]

@@ -8,7 +8,7 @@ generation batch of every step, makes the same call:
 and gets back the `Trajectories`, the entry each row answers (rows are grouped by prompt,
 `traj.group_id`) and the source's statistics for the step's metrics. Sources:
 
-  EngineSource      single-turn generation with the rollout engine (rl/rollout/engine.py),
+  EngineSource      single-turn generation with the rollout engine (rl/rollout/trajectories.py),
                     `num_samples` responses per prompt, all under the current policy;
   StreamingSource   the streaming pool of partial generations (rl/rollout/streaming.py): the
                     prompts join the pool and `num_groups` complete groups come out, some started
@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from rl.core.types import Trajectories
-from rl.rollout import engine
+from rl.rollout import engine, trajectories
 from rl.rollout.streaming import StreamingRollout
 
 
@@ -65,9 +65,9 @@ class EngineSource:
     return num_groups
 
   def generate(self, graphdef, state, prompts, entries, rng, *, policy_version: int) -> Rollout:
-    traj = engine.generate(graphdef, state, prompts, rng, self.cfg,
-                           num_samples=self.num_samples, policy_version=policy_version,
-                           mesh=self.mesh)
+    traj = trajectories.generate(graphdef, state, prompts, rng, self.cfg,
+                                 num_samples=self.num_samples, policy_version=policy_version,
+                                 mesh=self.mesh)
     return Rollout(traj, [entries[g] for g in np.asarray(traj.group_id)], {})
 
   def close(self) -> None:

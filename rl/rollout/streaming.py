@@ -40,7 +40,7 @@ import numpy as np
 from models import sharding as sharding_lib
 from models.padding import round_up
 from models.tokenizer import pad_batch
-from rl.rollout import engine
+from rl.rollout import engine, trajectories
 from rl.core.types import Trajectories
 
 
@@ -129,7 +129,7 @@ class StreamingRollout:
     payloads = [None] * len(prompts) if payloads is None else list(payloads)
     if len(payloads) != len(prompts):
       raise ValueError(f"{len(prompts)} prompts but {len(payloads)} payloads")
-    engine.prompt_batch(prompts, self.cfg)  # fail early on empty / too long prompts
+    trajectories.prompt_batch(prompts, self.cfg)  # fail early on empty / too long prompts
     for prompt, payload in zip(prompts, payloads):
       self._queue.append(_Group(list(prompt), payload, self._new_sequences(prompt)))
 

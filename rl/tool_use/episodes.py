@@ -74,8 +74,9 @@ class ToolEpisodes:
   def generate(self, graphdef, state, prompts: Sequence[Sequence[int]],
                entries: Sequence[Mapping[str, Any]], rng, engine_cfg: rollout_lib.RolloutConfig,
                *, num_samples: int, policy_version: int = 0):
-    """`num_samples` episodes per prompt (rows grouped by prompt, as rl.rollout.engine.generate);
-    returns Trajectories and per-row entries carrying their episode info under "episode"."""
+    """`num_samples` episodes per prompt (rows grouped by prompt, as
+    rl.rollout.trajectories.generate); returns Trajectories and per-row entries carrying their
+    episode info under "episode"."""
     rows_prompts = [p for p in prompts for _ in range(num_samples)]
     rows_entries = [e for e in entries for _ in range(num_samples)]
     group_id = np.repeat(np.arange(len(prompts)), num_samples)

@@ -417,13 +417,13 @@ def probe_update(c, workdir, res):
 def probe_rollout(c, workdir, res):
   """Lowered rollout engine for the Trainer's sampling and held-out evaluation settings, on its
   first two prompts (the state the sampler gets: FP8 codes with weight_dtype)."""
-  from rl.rollout import engine
+  from rl.rollout import engine, trajectories
   t = _trainer(c, workdir)
   texts = []
   with t.placement.scope():
     state = t._policy_state()
     for cfg in (t.source.cfg, t.eval_source.cfg):
-      ids, _ = engine.prompt_batch(t.train_prompts[:2], cfg)
+      ids, _ = trajectories.prompt_batch(t.train_prompts[:2], cfg)
       texts.append(_text(engine.lower_engine(t.graphdef, state, cfg, sequences=4,
                                               prompt_width=ids.shape[1])))
   return texts

@@ -16,7 +16,7 @@ from flax import nnx
 from configs import demo
 from models.transformer import build
 from rl.config.validation import validate
-from rl.rollout import fp8, engine
+from rl.rollout import engine, fp8, trajectories
 
 
 def heavy_tailed(rng, shape, df=2.0):
@@ -175,7 +175,7 @@ def test_fp8_sampler_logp_gap_is_small_and_greedy_agrees():
   rng = np.random.default_rng(1)
   prompts = [list(row[:rng.integers(2, 6)]) for row in counting_batch(rng, 16, 8)]
   cfg = engine.RolloutConfig(max_new_tokens=12, temperature=1.0, prompt_bucket=8)
-  traj = engine.generate(graphdef, qstate, prompts, jax.random.key(0), cfg, num_samples=2)
+  traj = trajectories.generate(graphdef, qstate, prompts, jax.random.key(0), cfg, num_samples=2)
 
   @jax.jit
   def trainer_logp(state, tokens):
@@ -188,8 +188,8 @@ def test_fp8_sampler_logp_gap_is_small_and_greedy_agrees():
   print("fp8 sampler log-prob gap", gap)
   assert gap["sampler/logp_gap_mean"] <= 0.005, gap
   greedy = cfg.replace(greedy=True)
-  full = engine.generate(graphdef, state, prompts, jax.random.key(0), greedy)
-  quantised = engine.generate(graphdef, qstate, prompts, jax.random.key(0), greedy)
+  full = trajectories.generate(graphdef, state, prompts, jax.random.key(0), greedy)
+  quantised = trajectories.generate(graphdef, qstate, prompts, jax.random.key(0), greedy)
   mask = np.asarray(full.response_mask).astype(bool)
   agree = float(np.mean(np.asarray(full.tokens)[mask] == np.asarray(quantised.tokens)[mask]))
   print("greedy token agreement", agree)

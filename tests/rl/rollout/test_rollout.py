@@ -14,7 +14,7 @@ from scipy import stats
 
 from models import sharding as sharding_lib
 from models.transformer import build
-from rl.rollout import engine
+from rl.rollout import engine, trajectories
 from rl.core import sampling
 
 STOP_IDS = tuple(range(1, 30))  # ~11% of the vocabulary: responses end at varied lengths
@@ -68,8 +68,8 @@ def generated(name, cfg, num_samples=2, seed=0, batch_size=None):
   graphdef, state = tiny(name)
   if batch_size is not None:
     cfg = cfg.replace(batch_size=batch_size)
-  return engine.generate(graphdef, state, PROMPTS, jax.random.key(seed), cfg,
-                          num_samples=num_samples, policy_version=3, return_stats=True)
+  return trajectories.generate(graphdef, state, PROMPTS, jax.random.key(seed), cfg,
+                                num_samples=num_samples, policy_version=3, return_stats=True)
 
 
 def check_layout(traj, cfg, prompts, num_samples):
@@ -173,9 +173,9 @@ def test_per_prompt_stop_ids_and_length_caps():
   assert ref_lens[row] > 2 and extra_stop not in ref_tokens[row, len(PROMPTS[2]):][:1]
   stop_ids = [[], [], [extra_stop], [], []]
   before = engine.trace_count()
-  traj = engine.generate(graphdef, state, PROMPTS, jax.random.key(0), PLAIN_CFG,
-                          num_samples=2, policy_version=3, stop_ids=stop_ids,
-                          max_new_tokens=caps)
+  traj = trajectories.generate(graphdef, state, PROMPTS, jax.random.key(0), PLAIN_CFG,
+                                num_samples=2, policy_version=3, stop_ids=stop_ids,
+                                max_new_tokens=caps)
   assert engine.trace_count() == before
   tokens, lens = np.asarray(traj.tokens), np.asarray(traj.response_mask).sum(-1)
   for n in range(len(tokens)):
@@ -200,7 +200,7 @@ def test_no_recompilation_across_prompt_lengths():
 
   def call(seed, n_prompts):
     prompts = [rng.integers(30, 260, rng.integers(1, 9)).tolist() for _ in range(n_prompts)]
-    return engine.generate(graphdef, state, prompts, jax.random.key(seed), cfg, num_samples=2)
+    return trajectories.generate(graphdef, state, prompts, jax.random.key(seed), cfg, num_samples=2)
 
   call(0, 5)
   before = engine.trace_count()
@@ -216,8 +216,8 @@ def test_engine_frequencies_match_softmax():
   graphdef, state = tiny("tiny_dense", vocab_size=16, init_std=0.5)
   cfg = engine.RolloutConfig(max_new_tokens=1, temperature=0.8, prompt_bucket=4)
   draws = 3000
-  traj = engine.generate(graphdef, state, [[3, 4, 5]], jax.random.key(1), cfg,
-                          num_samples=draws)
+  traj = trajectories.generate(graphdef, state, [[3, 4, 5]], jax.random.key(1), cfg,
+                                num_samples=draws)
   first = np.asarray(traj.tokens)[:, 3]
   logits = nnx.merge(graphdef, state).forward(jnp.array([[3, 4, 5]])).logits[0, -1]
   probs = np.asarray(jax.nn.softmax(logits / 0.8), np.float64)
@@ -236,8 +236,8 @@ def test_sharded_generation_equals_unsharded():
   reference, _ = generated("tiny_dense", PLAIN_CFG)
   mesh = sharding_lib.make_mesh({"data": 4, "tensor": 2})
   sharded_state = jax.device_put(state, sharding_lib.state_shardings(state, mesh))
-  traj = engine.generate(graphdef, sharded_state, PROMPTS + [[9, 9]], jax.random.key(0),
-                          PLAIN_CFG, num_samples=2, policy_version=3, mesh=mesh)
+  traj = trajectories.generate(graphdef, sharded_state, PROMPTS + [[9, 9]], jax.random.key(0),
+                                PLAIN_CFG, num_samples=2, policy_version=3, mesh=mesh)
   rows = len(PROMPTS) * 2
   np.testing.assert_array_equal(np.asarray(traj.tokens)[:rows], np.asarray(reference.tokens))
   np.testing.assert_allclose(np.asarray(traj.logp_old)[:rows], reference.logp_old, atol=1e-5,
@@ -254,9 +254,9 @@ def test_config_errors_name_the_field():
   with pytest.raises(ValueError, match="max_new_tokens=0"):
     engine.RolloutConfig(max_new_tokens=0)
   with pytest.raises(ValueError, match=r"prompts \[1\] are empty"):
-    engine.prompt_batch([[1], []], PLAIN_CFG)
+    trajectories.prompt_batch([[1], []], PLAIN_CFG)
   with pytest.raises(ValueError, match="max_prompt_len=2"):
-    engine.prompt_batch([[1, 2, 3]], PLAIN_CFG.replace(max_prompt_len=2))
+    trajectories.prompt_batch([[1, 2, 3]], PLAIN_CFG.replace(max_prompt_len=2))
   assert engine.RolloutConfig(temperature=0.0, greedy=True).greedy
 
 
@@ -278,11 +278,11 @@ def test_expert_parallel_generation_equals_unsharded(name):
   graphdef, state = tiny(name)
   cfg = FULL_CFG.replace(batch_size=4)
   prompts = PROMPTS[:4]
-  reference = engine.generate(graphdef, state, prompts, jax.random.key(0), cfg, num_samples=2)
+  reference = trajectories.generate(graphdef, state, prompts, jax.random.key(0), cfg, num_samples=2)
   mesh = sharding_lib.make_mesh({"data": 2, "expert": 2, "tensor": 2})
   sharded_state = jax.device_put(state, sharding_lib.state_shardings(state, mesh))
-  traj = engine.generate(graphdef, sharded_state, prompts, jax.random.key(0), cfg,
-                          num_samples=2, mesh=mesh)
+  traj = trajectories.generate(graphdef, sharded_state, prompts, jax.random.key(0), cfg,
+                                num_samples=2, mesh=mesh)
   np.testing.assert_array_equal(np.asarray(traj.tokens), np.asarray(reference.tokens))
   np.testing.assert_array_equal(np.asarray(traj.routing), np.asarray(reference.routing))
   np.testing.assert_allclose(traj.logp_old, reference.logp_old, atol=1e-5, rtol=0)
