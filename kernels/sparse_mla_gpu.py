@@ -332,7 +332,7 @@ def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float,
       num_warps and num_stages by the autotuned choice for these shapes (`tuned_launch`).
 
   Returns:
-    out [B, S, H, d_v] in q's dtype and lse [B, S, H] fp32 (-inf for a token with no index).
+    (out, lse) as `kernels.reference.sparse_mla`: out in q's dtype, lse fp32.
   """
   batch, steps, heads, _ = q.shape
   launch = launch_params(

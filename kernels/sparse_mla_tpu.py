@@ -337,7 +337,7 @@ def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float,
       shapes (`tuned_launch`).
 
   Returns:
-    out [B, S, H, d_v] in q's dtype and lse [B, S, H] fp32 (-inf for a token with no index).
+    what `kernels.reference.sparse_mla` returns, out in q's dtype and lse in fp32.
   """
   batch, steps, heads, _ = q.shape
   launch = launch_params(
