@@ -11,10 +11,10 @@ names below are the registries' entries.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from rl.core import advantages, losses
+from rl.core.checks import domain_values
 
 ESTIMATORS = advantages.ESTIMATOR_REGISTRY.names()
 POLICY_LOSSES = losses.POLICY_LOSS_REGISTRY.names()
@@ -85,20 +85,12 @@ def recipe(name: str) -> dict[str, Any]:
 
 
 def kl_coefs_by_domain(text: str) -> dict[str, float]:
-  """"math=0.01,code=0" -> {"math": 0.01, "code": 0.0}; ValueError naming a bad item (each beta
-  finite and >= 0, each domain once)."""
-  betas = {}
-  for item in filter(None, (i.strip() for i in text.split(","))):
-    domain, sep, beta = (p.strip() for p in item.partition("="))
-    try:
-      value = float(beta)
-    except ValueError:
-      value = -1.0
-    if not sep or not domain or domain in betas or not (value >= 0 and math.isfinite(value)):
-      raise ValueError(f"config.rl.kl_coef_per_domain={text!r}: {item!r} is not domain=beta "
-                       "(each domain once, beta finite and >= 0)")
-    betas[domain] = value
-  return betas
+  """"math=0.01,code=0" -> {"math": 0.01, "code": 0.0}; ValueError naming the field and a bad
+  item (each beta finite and >= 0, each domain once)."""
+  try:
+    return domain_values(text, "beta")
+  except ValueError as e:
+    raise ValueError(f"config.rl.kl_coef_per_domain={text!r}: {e}") from None
 
 
 def validate_rl(rl: Any) -> None:

@@ -35,3 +35,21 @@ def non_negative(section: Mapping[str, Any], name: str, *fields: str) -> None:
     value = section[f]
     if not (value >= 0 and math.isfinite(value)):
       raise ValueError(f"config.{name}.{f}={value!r}: must be >= 0 and finite")
+
+
+def domain_values(text: str, value_name: str = "value") -> dict[str, float]:
+  """"math=0.01,code=0" -> {"math": 0.01, "code": 0.0}: the one reader of per-domain numbers in
+  a config string. ValueError "'<item>' is not domain=<value_name> (each domain once, <value_name>
+  finite and >= 0)" on the first bad item."""
+  values: dict[str, float] = {}
+  for item in filter(None, (i.strip() for i in text.split(","))):
+    domain, sep, number = (p.strip() for p in item.partition("="))
+    try:
+      value = float(number)
+    except ValueError:
+      value = -1.0
+    if not sep or not domain or domain in values or not (value >= 0 and math.isfinite(value)):
+      raise ValueError(f"{item!r} is not domain={value_name} (each domain once, {value_name} "
+                       "finite and >= 0)")
+    values[domain] = value
+  return values

@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 from absl import logging
 
+from rl.core.checks import domain_values
 from rl.rewards import puzzles
+
 
 def _normalized(weights: Mapping[str, float], what: str) -> dict[str, float]:
   """`weights` scaled to sum to 1; ValueError on a negative, non-finite or all-zero weight."""
@@ -273,13 +275,10 @@ def parse_stages(text: str) -> list[tuple[int, dict[str, float]]]:
   stages = []
   for part in filter(None, (p.strip() for p in text.split(";"))):
     start, _, spec = part.partition(":")
-    weights = {}
-    for item in filter(None, (i.strip() for i in spec.split(","))):
-      domain, _, weight = item.partition("=")
-      try:
-        weights[domain.strip()] = float(weight)
-      except ValueError:
-        raise ValueError(f"curriculum stage {part!r}: {item!r} is not domain=weight") from None
+    try:
+      weights = domain_values(spec, "weight")
+    except ValueError as e:
+      raise ValueError(f"curriculum stage {part!r}: {e}") from None
     try:
       stages.append((int(start), weights))
     except ValueError:
