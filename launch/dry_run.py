@@ -38,6 +38,7 @@ from rl.core.policy import model_config
 from rl.config.validation import validate
 from rl.parallel import placement as placement_lib
 from rl.core import train_step as ts
+from rl.core.sampling import kept_ids_width
 
 GiB = 2**30
 
@@ -84,8 +85,11 @@ def batch_spec(config, cfg: ModelConfig, rows: int, length: int) -> dict[str, ja
   if rl.keep_routing and cfg.is_moe:
     batch["routing"] = jax.ShapeDtypeStruct((*bt, cfg.n_moe_layers, cfg.n_experts_per_tok),
                                             jnp.int32)
-  if rl.keep_sampling_mask:
-    batch["sample_mask"] = jax.ShapeDtypeStruct((*bt, -(-cfg.vocab_size // 8)), jnp.uint8)
+  r = config.rollout
+  kept_width = kept_ids_width(top_p=r.top_p, top_k=r.top_k, greedy=r.temperature == 0,
+                              vocab_size=cfg.vocab_size) if rl.keep_sampling_mask else 0
+  if kept_width:
+    batch["kept_ids"] = jax.ShapeDtypeStruct((*bt, kept_width), jnp.int32)
   if rl.kl_coef or rl.kl_coef_per_domain:
     batch["logp_ref"] = jax.ShapeDtypeStruct(bt, f32)
     batch["kl_coef"] = jax.ShapeDtypeStruct((rows,), f32)

@@ -114,6 +114,13 @@ def _check_rl(c: ml_collections.ConfigDict) -> None:
         f"config.rollout.max_new_tokens={c.rollout.max_new_tokens} (the penalty ramps over the "
         "last overlong_buffer tokens; 0 turns it off)")
   non_negative(c.rl, "rl", "kl_coef")
+  if c.rl.keep_sampling_mask and c.rollout.temperature > 0 and c.rollout.top_p < 1 and (
+      not c.rollout.top_k):
+    raise ValueError(
+        f"config.rl.keep_sampling_mask=True with config.rollout.top_p={c.rollout.top_p} and "
+        "config.rollout.top_k=0: the rollout records each token's kept set as top_k ids "
+        "(rl/core/sampling.py), and top-p alone does not bound it; set config.rollout.top_k "
+        "(kept set = top-p ∩ top-k) or top_p=1")
 
 
 def _check_optim(c: ml_collections.ConfigDict) -> None:

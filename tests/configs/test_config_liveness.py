@@ -35,6 +35,7 @@ from flax import nnx
 from rl.config.defaults import base_config
 from rl.config.describe import leaves
 from rl.core.policy import build_policy, model_config
+from rl.core.sampling import kept_ids_width
 from rl.config.validation import validate
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -142,7 +143,8 @@ PROBES = {
     "rl.offpolicy_mask_delta": ("update", 0.1, {}),
     "rl.indexer_coef": ("update", 1.0, {}),
     "rl.keep_routing": ("update", True, {}),
-    "rl.keep_sampling_mask": ("update", True, {}),
+    # A sampler that does not truncate records no kept set: the mask is a no-op without top-k.
+    "rl.keep_sampling_mask": ("update", True, {"rollout.top_k": 5}),
     "optim.lr": ("update", 1e-3, {}),
     "optim.warmup_steps": ("update", 50, {}),
     "optim.weight_decay": ("update", 0.1, {}),
@@ -391,8 +393,11 @@ def update_batch_spec(trainer, rows=4, width=32) -> dict:
   if c.rl.keep_routing and cfg.is_moe:
     batch["routing"] = jax.ShapeDtypeStruct(
         (rows, width, cfg.n_moe_layers, cfg.n_experts_per_tok), jnp.int32)
-  if c.rl.keep_sampling_mask:
-    batch["sample_mask"] = jax.ShapeDtypeStruct((rows, width, -(-cfg.vocab_size // 8)), jnp.uint8)
+  r = c.rollout
+  kept_width = kept_ids_width(top_p=r.top_p, top_k=r.top_k, greedy=r.temperature == 0,
+                              vocab_size=cfg.vocab_size) if c.rl.keep_sampling_mask else 0
+  if kept_width:
+    batch["kept_ids"] = jax.ShapeDtypeStruct((rows, width, kept_width), jnp.int32)
   if trainer._kl_on():
     batch["logp_ref"], batch["kl_coef"] = f32(rows, width), f32(rows)
   if trainer.critic is not None:
