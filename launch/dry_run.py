@@ -38,7 +38,6 @@ from rl.core.policy import model_config
 from rl.config.validation import validate
 from rl.parallel import placement as placement_lib
 from rl.core import train_step as ts
-from rl.core.sampling import kept_ids_width
 
 GiB = 2**30
 
@@ -85,9 +84,7 @@ def batch_spec(config, cfg: ModelConfig, rows: int, length: int) -> dict[str, ja
   if rl.keep_routing and cfg.is_moe:
     batch["routing"] = jax.ShapeDtypeStruct((*bt, cfg.n_moe_layers, cfg.n_experts_per_tok),
                                             jnp.int32)
-  r = config.rollout
-  kept_width = kept_ids_width(top_p=r.top_p, top_k=r.top_k, greedy=r.temperature == 0,
-                              vocab_size=cfg.vocab_size) if rl.keep_sampling_mask else 0
+  kept_width = placement_lib.workload(config).kept_ids
   if kept_width:
     batch["kept_ids"] = jax.ShapeDtypeStruct((*bt, kept_width), jnp.int32)
   if rl.kl_coef or rl.kl_coef_per_domain:

@@ -68,7 +68,8 @@ def check_mesh(mesh: ml_collections.ConfigDict) -> None:
 def workload(config, *, prompt_len: int | None = None) -> planner.Workload:
   """The planner's Workload of a run config (the sequence length launch/dry_run.py assumes);
   the rollout decodes all of a step's sequences at once unless config.rollout.batch_size says
-  less."""
+  less, and records `kept_ids` ids per token with keep-sampling-mask (rl/core/sampling.py
+  kept_ids_width: the batch field's width)."""
   cfg = model_config(config)
   if prompt_len is None:
     prompt_len = memory.default_prompt_len(cfg, config.rollout.max_new_tokens)

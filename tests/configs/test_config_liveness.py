@@ -35,8 +35,8 @@ from flax import nnx
 from rl.config.defaults import base_config
 from rl.config.describe import leaves
 from rl.core.policy import build_policy, model_config
-from rl.core.sampling import kept_ids_width
 from rl.config.validation import validate
+from rl.parallel import placement
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -393,9 +393,7 @@ def update_batch_spec(trainer, rows=4, width=32) -> dict:
   if c.rl.keep_routing and cfg.is_moe:
     batch["routing"] = jax.ShapeDtypeStruct(
         (rows, width, cfg.n_moe_layers, cfg.n_experts_per_tok), jnp.int32)
-  r = c.rollout
-  kept_width = kept_ids_width(top_p=r.top_p, top_k=r.top_k, greedy=r.temperature == 0,
-                              vocab_size=cfg.vocab_size) if c.rl.keep_sampling_mask else 0
+  kept_width = placement.workload(c).kept_ids
   if kept_width:
     batch["kept_ids"] = jax.ShapeDtypeStruct((rows, width, kept_width), jnp.int32)
   if trainer._kl_on():
