@@ -25,7 +25,7 @@ field (the dry run does not read it). Held out: AIME 2025 from the pinned eval s
 Both use the Mosaic-TPU DSA kernels, streaming rollouts (half of each batch from the latest
 policy, partials at most one version old) and the grpo_v32 recipe: unbiased KL (0.01),
 off-policy sequence masking, keep-routing and keep-sampling-mask (rollouts sample with
-top_p 0.95, so the kept sets matter).
+top_p 0.95 within top_k 256, so the kept sets matter).
 
 Memory: run the dry run first. Without activation rematerialisation the full model's policy
 update keeps far more activations per chip than a v5p's 95 GiB of HBM at these sequence lengths.
@@ -72,6 +72,12 @@ def get_config(arg: str = ""):
   c.rollout.max_new_tokens = 8192
   c.rollout.temperature = 1.0
   c.rollout.top_p = 0.95
+  # Keep-sampling-mask records each token's kept set as top_k int32 ids (rl/core/sampling.py):
+  # top-p alone has no bound on it. 256 ids cost 1 KiB per token (a bit array over the 129k
+  # vocabulary cost 16 KiB) and hardly bind: a 0.95 nucleus at temperature 1 rarely holds more
+  # than a few dozen ids. The kept set is top-p over the 256 likeliest ids, recorded exactly,
+  # so the trainer's log-probs still equal the sampler's.
+  c.rollout.top_k = 256
   c.rollout.prompt_bucket = 256
   c.rollout.streaming.update(enabled=True, on_policy_fraction=0.5, max_staleness=1,
                              round_tokens=1024)

@@ -84,8 +84,9 @@ def batch_spec(config, cfg: ModelConfig, rows: int, length: int) -> dict[str, ja
   if rl.keep_routing and cfg.is_moe:
     batch["routing"] = jax.ShapeDtypeStruct((*bt, cfg.n_moe_layers, cfg.n_experts_per_tok),
                                             jnp.int32)
-  if rl.keep_sampling_mask:
-    batch["sample_mask"] = jax.ShapeDtypeStruct((*bt, -(-cfg.vocab_size // 8)), jnp.uint8)
+  kept_width = placement_lib.workload(config).kept_ids
+  if kept_width:
+    batch["kept_ids"] = jax.ShapeDtypeStruct((*bt, kept_width), jnp.int32)
   if rl.kl_coef or rl.kl_coef_per_domain:
     batch["logp_ref"] = jax.ShapeDtypeStruct(bt, f32)
     batch["kl_coef"] = jax.ShapeDtypeStruct((rows,), f32)

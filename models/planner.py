@@ -122,6 +122,7 @@ class Workload:
   critic: bool  # a value model beside the policy
   kernel_backend: str = "tpu"
   offload_optimizer: bool = False
+  kept_ids: int = 0  # int32 kept ids recorded per sampled token (keep-sampling-mask; 0: none)
 
   @property
   def micro_rows(self) -> int:
@@ -293,19 +294,23 @@ def estimate(cfg: ModelConfig, work: Workload, mesh: dict[str, int], device: Dev
   host_per_token = memory.offloaded_activation_bytes_per_token(
       cfg, work.length, tensor=sizes["tensor"], kernel_backend=work.kernel_backend, remat=remat)
   activations = per_token * tokens
-  # tokens, masks, log-probs, advantages (launch/dry_run.py batch_spec): 4 bytes each, all
-  # micro-batches.
-  batch = 5 * 4 * tokens * work.micro_batches
+  # tokens, masks, log-probs, advantages and the kept ids (launch/dry_run.py batch_spec): 4
+  # bytes each, all micro-batches.
+  batch = (5 + work.kept_ids) * 4 * tokens * work.micro_batches
   optimizer_device = 0.0 if work.offload_optimizer else optimizer
   update_peak = (params + optimizer_device + gradients + reference + critic + activations
                  + batch)
   rollout_rows = work.rollout_sequences / math.prod(sizes[a] for a in batch_axes)
   kv_heads_split = sizes["tensor"] if cfg.attention == "gqa" else 1
   kv_cache = _kv_bytes_per_sequence(cfg, work.rollout_length) * rollout_rows / kv_heads_split
-  rollout_peak = params + optimizer_device + reference + critic + kv_cache
+  # The engine records the kept ids of every sequence of the step, rows split like the batch.
+  kept_record = (4 * work.kept_ids * work.rollout_length * work.sequences
+                 / math.prod(sizes[a] for a in batch_axes))
+  rollout_peak = params + optimizer_device + reference + critic + kv_cache + kept_record
   mem = dict(params=params, optimizer=optimizer_device, gradients=gradients,
                 reference=reference, critic=critic, activations=activations, batch=batch,
-                kv_cache=kv_cache, update=update_peak, rollout=rollout_peak,
+                kv_cache=kv_cache, kept_record=kept_record, update=update_peak,
+                rollout=rollout_peak,
                 peak=max(update_peak, rollout_peak),
                 host=host_per_token * tokens + (optimizer if work.offload_optimizer else 0.0))
 

@@ -19,6 +19,7 @@ import kernels
 from rl.core.checks import InputError, allowed, non_negative, positive
 from rl.core.policy import check_hf_dir, model_config
 from rl.core import algorithms
+from rl.core.sampling import kept_ids_width
 from rl.data import entries, sources
 from rl.parallel import placement
 from rl.rollout import fp8
@@ -114,6 +115,16 @@ def _check_rl(c: ml_collections.ConfigDict) -> None:
         f"config.rollout.max_new_tokens={c.rollout.max_new_tokens} (the penalty ramps over the "
         "last overlong_buffer tokens; 0 turns it off)")
   non_negative(c.rl, "rl", "kl_coef")
+  if c.rl.keep_sampling_mask:
+    r = c.rollout
+    try:
+      kept_ids_width(top_p=r.top_p, top_k=r.top_k, greedy=r.temperature == 0)
+    except ValueError:
+      raise ValueError(
+          f"config.rl.keep_sampling_mask=True with config.rollout.top_p={r.top_p} and "
+          "config.rollout.top_k=0: the rollout records each token's kept set as top_k ids "
+          "(rl/core/sampling.py), and top-p alone does not bound it; set config.rollout.top_k "
+          "(kept set = top-p ∩ top-k) or top_p=1") from None
 
 
 def _check_optim(c: ml_collections.ConfigDict) -> None:

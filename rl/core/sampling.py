@@ -14,12 +14,16 @@ the logits:
 Without top-p / top-k / vocab_limit the kept set is the whole vocabulary and the log-probs are
 log_softmax(logits / temperature).
 
-Keep-sampling-mask (DeepSeek-V3.2): the rollout records the kept set of every sampled token as
-a packed bit array, uint8 [..., ceil(V / 8)] (`pack_sample_mask`), which costs V / 8 bytes per
-token: 33 B at the tiny vocabulary (264), 19 KB at Qwen's 152k, i.e. ~19 MB per 1k-token
-response. That is fine for short and medium responses; very long ones at large vocabularies
-want a sparse id list instead. The trainer unpacks it (`unpack_sample_mask`) and passes it to
-`masked_logprobs`, so pi_old and pi_theta share one action space.
+Keep-sampling-mask (DeepSeek-V3.2): the rollout records the kept set of every sampled token so
+the trainer restricts its log-softmax to it (pi_old and pi_theta share one action space, and
+sampler and trainer log-probs are equal). The record is the kept ids, int32 [..., top_k]
+(`kept_ids_from_mask`: ascending, padded with -1), 4 * top_k bytes per token: 1 KiB at top_k
+256 against V / 8 = 16 KiB for a bit array of DeepSeek's 129k vocabulary. A position the
+sampler did not draw (prompt, padding) holds only -1 and keeps every id. The trainer rebuilds
+the boolean [..., V] mask inside its jitted step (`kept_mask_from_ids`). `kept_ids_width` is
+the rule: a sampler that does not truncate (top_p 1 and top_k 0, or greedy) keeps every allowed
+id and records nothing (the trainer's full distribution is the sampler's; run configs never set
+vocab_limit); top-p without top-k keeps an unbounded set, so it is refused.
 
 `next_token_logprobs` is the one log p(token t | tokens < t) of a sequence that every objective
 reads (RL update, SFT, DPO, the tool warm start); `token_logprobs` reads chosen ids out of a
@@ -142,16 +146,39 @@ def sample(keys: jax.Array, logits: jax.Array, *, temperature: float, top_p: flo
   return tokens, token_logprobs(logp, tokens), kept
 
 
-def pack_sample_mask(kept_mask: jax.Array) -> jax.Array:
-  """bool [..., V] -> uint8 [..., ceil(V / 8)] (big-endian bit order, as jnp.packbits)."""
-  return jnp.packbits(kept_mask, axis=-1)
+def kept_ids_width(*, top_p: float, top_k: int, greedy: bool = False,
+                   vocab_size: int | None = None) -> int:
+  """How many kept ids a keep-sampling-mask rollout records per token: 0 when the sampler does
+  not truncate (greedy, or top_p 1 and top_k 0: the kept set is every allowed id, nothing to
+  record), else top_k (at most `vocab_size`: a larger top_k leaves top-p alone). Raises for
+  top-p without top-k, whose kept set has no bound."""
+  if greedy or (top_p >= 1.0 and top_k == 0):
+    return 0
+  if top_k == 0:
+    raise ValueError(f"top_p={top_p} with top_k=0: the keep-sampling-mask records the kept ids, "
+                     "which top-p alone does not bound; set top_k (kept set = top-p ∩ top-k)")
+  return top_k if vocab_size is None else min(top_k, vocab_size)
 
 
-def unpack_sample_mask(packed: jax.Array, vocab_size: int) -> jax.Array:
-  """uint8 [..., ceil(V / 8)] -> bool [..., V]; the inverse of `pack_sample_mask`."""
-  return jnp.unpackbits(packed, axis=-1, count=vocab_size).astype(bool)
+def kept_ids_from_mask(kept_mask: jax.Array, width: int) -> jax.Array:
+  """bool [..., V] with at most `width` ids set per row -> int32 [..., width]: the kept ids in
+  ascending order, padded with -1."""
+  vocab = kept_mask.shape[-1]
+  # Kept ids score V - id (> 0), the rest 0: the top `width` scores are the kept ids, smallest
+  # first, then the padding.
+  scores = jnp.where(kept_mask, vocab - jnp.arange(vocab, dtype=jnp.int32), 0)
+  top = jax.lax.top_k(scores, width)[0]
+  return jnp.where(top > 0, vocab - top, -1).astype(jnp.int32)
 
 
-def full_sample_mask(shape: tuple[int, ...], vocab_size: int) -> jax.Array:
-  """Packed mask keeping every id, for positions the sampler did not draw (prompt, padding)."""
-  return jnp.full((*shape, -(-vocab_size // 8)), 255, jnp.uint8)
+def kept_mask_from_ids(ids: jax.Array, vocab_size: int) -> jax.Array:
+  """int32 [..., K] kept ids (-1: padding) -> bool [..., V]; the inverse of
+  `kept_ids_from_mask`. A position without ids (prompt, padding: nothing was drawn there) keeps
+  every id, i.e. the trainer's unrestricted distribution."""
+  lead = ids.shape[:-1]
+  flat = ids.reshape(-1, ids.shape[-1])
+  rows = jnp.arange(flat.shape[0])[:, None]
+  safe = jnp.where(flat < 0, vocab_size, flat)  # padding lands out of range and is dropped
+  mask = jnp.zeros((flat.shape[0], vocab_size), bool).at[rows, safe].set(True, mode="drop")
+  mask = mask | jnp.all(flat < 0, axis=-1, keepdims=True)
+  return mask.reshape(*lead, vocab_size)

@@ -26,7 +26,7 @@ from flax import nnx
 from models import remat as remat_lib
 from models.transformer import update_router_biases
 from rl.core import losses
-from rl.core.sampling import masked_logprobs, token_logprobs, unpack_sample_mask
+from rl.core.sampling import kept_mask_from_ids, masked_logprobs, token_logprobs
 
 
 class TrainState(NamedTuple):
@@ -92,7 +92,7 @@ def _split_micro(batch: dict, micro_batches: int) -> dict:
 # The update's mini-batch (Trainer.build_batch): the fields every update reads, then those a
 # feature adds (keep-routing, keep-sampling-mask, KL to the reference, the critic).
 BATCH_FIELDS = ("tokens", "response_mask", "attention_mask", "logp_old", "advantages", "acc")
-OPTIONAL_BATCH_FIELDS = ("routing", "sample_mask", "logp_ref", "kl_coef", "values", "returns")
+OPTIONAL_BATCH_FIELDS = ("routing", "kept_ids", "logp_ref", "kl_coef", "values", "returns")
 
 
 def check_batch(batch: dict) -> None:
@@ -133,8 +133,8 @@ def policy_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: d
   out = model.forward(batch["tokens"], routing=routing, token_mask=batch["attention_mask"],
                       indexer_stage=stage)
   kept = None
-  if rl["keep_sampling_mask"] and batch.get("sample_mask") is not None:
-    kept = unpack_sample_mask(batch["sample_mask"][:, 1:], out.logits.shape[-1])
+  if rl["keep_sampling_mask"] and batch.get("kept_ids") is not None:
+    kept = kept_mask_from_ids(batch["kept_ids"][:, 1:], out.logits.shape[-1])
   logp_all = masked_logprobs(out.logits[:, :-1], temperature=temperature, kept_mask=kept)
   targets = batch["tokens"][:, 1:]
   logp = token_logprobs(logp_all, targets)

@@ -28,7 +28,8 @@ class Trajectories:
   finished: Array  # [B] bool: stopped on a stop token
   truncated: Array  # [B] bool: hit max_new_tokens without stopping
   routing: Optional[Array] = None  # [B, T, layers, k] expert ids used (keep-routing)
-  sample_mask: Optional[Array] = None  # packed top-p/top-k kept set per step (keep-sampling-mask)
+  kept_ids: Optional[Array] = None  # [B, T, top_k] int32 kept ids per step, -1 padded
+  # (keep-sampling-mask with a truncating sampler; rl/core/sampling.py)
 
   @property
   def batch_size(self) -> int:

@@ -113,6 +113,6 @@ def build_batch(traj, rewards, advs, rl: ml_collections.ConfigDict) -> dict[str,
     batch["response_mask"] = batch["response_mask"] * (~np.asarray(traj.truncated))[:, None]
   if rl.keep_routing and traj.routing is not None:
     batch["routing"] = np.asarray(traj.routing)
-  if rl.keep_sampling_mask and traj.sample_mask is not None:
-    batch["sample_mask"] = np.asarray(traj.sample_mask)
+  if rl.keep_sampling_mask and traj.kept_ids is not None:
+    batch["kept_ids"] = np.asarray(traj.kept_ids)
   return batch

@@ -23,7 +23,7 @@ from rl.jobs.checkpoint import Checkpointer
 from rl.parallel.placement import Placement
 from rl.rollout import engine as rollout_lib
 from rl.rollout import fp8
-from rl.core.sampling import next_token_logprobs, unpack_sample_mask
+from rl.core.sampling import kept_mask_from_ids, next_token_logprobs
 from rl.rollout.sources import EngineSource, RolloutSource, StreamingSource
 from rl.rollout.streaming import StreamingConfig, StreamingRollout
 from rl.tool_use.episodes import ToolEpisodes
@@ -92,18 +92,18 @@ def update_fn(objective, c: ml_collections.ConfigDict, placement: Placement, gra
 
 
 def token_logprobs_fn(graphdef, temperature: float):
-  """A jitted `logprobs(params, rest, tokens, routing, sample_mask) -> [B, T]` of the policy's
+  """A jitted `logprobs(params, rest, tokens, routing, kept_ids) -> [B, T]` of the policy's
   architecture: each token's log-prob at the sampling temperature (0 at position 0), restricted
-  to the sampler's kept set when `sample_mask` is given. One function for the reference model
+  to the sampler's kept set when `kept_ids` is given. One function for the reference model
   and the trainer's own parameters (the sampler gap): it compiles once per batch shape."""
 
   @jax.jit
-  def logprobs(params, rest, tokens, routing, sample_mask):
+  def logprobs(params, rest, tokens, routing, kept_ids):
     model = nnx.merge(graphdef, params, rest)
     out = model.forward(tokens, routing=routing)
     kept = None
-    if sample_mask is not None:
-      kept = unpack_sample_mask(sample_mask[:, 1:], out.logits.shape[-1])
+    if kept_ids is not None:
+      kept = kept_mask_from_ids(kept_ids[:, 1:], out.logits.shape[-1])
     logp = next_token_logprobs(out.logits, tokens, temperature=temperature, kept_mask=kept)
     return jnp.pad(logp, ((0, 0), (1, 0)))
   return logprobs

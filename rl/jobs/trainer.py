@@ -296,7 +296,7 @@ class Trainer:
       with self.placement.scope():
         batch["logp_ref"] = np.asarray(to_host(self.logprobs(
             self.ref_params, self.ref_rest, jnp.asarray(batch["tokens"]), batch.get("routing"),
-            batch.get("sample_mask"))))
+            batch.get("kept_ids"))))
       batch["kl_coef"] = rewards["kl_coef"]
     return batch
 
@@ -304,7 +304,7 @@ class Trainer:
     """|trainer - sampler| log-prob of the sampled response tokens, before the update: how far
     a quantised sampler's logp_old is from the trainer's own."""
     logp = self.logprobs(self.state.params, self.rest, jnp.asarray(batch["tokens"]),
-                         batch.get("routing"), batch.get("sample_mask"))
+                         batch.get("routing"), batch.get("kept_ids"))
     return fp8.logp_gap(to_host(logp), batch["logp_old"], batch["response_mask"])
 
   @_on_mesh

@@ -40,6 +40,7 @@ from models import remat as remat_lib
 from models import sharding as sharding_lib
 from rl.core.checks import allowed
 from rl.core.policy import model_config
+from rl.core.sampling import kept_ids_width
 from rl.core import train_step as ts
 
 
@@ -67,13 +68,14 @@ def check_mesh(mesh: ml_collections.ConfigDict) -> None:
 def workload(config, *, prompt_len: int | None = None) -> planner.Workload:
   """The planner's Workload of a run config (the sequence length launch/dry_run.py assumes);
   the rollout decodes all of a step's sequences at once unless config.rollout.batch_size says
-  less."""
+  less, and records `kept_ids` ids per token with keep-sampling-mask (rl/core/sampling.py
+  kept_ids_width: the batch field's width)."""
   cfg = model_config(config)
   if prompt_len is None:
     prompt_len = memory.default_prompt_len(cfg, config.rollout.max_new_tokens)
   length = prompt_len + config.rollout.max_new_tokens
   backend = config.kernel_backend
-  rl = config.rl
+  rl, r = config.rl, config.rollout
   sequences = config.train.prompts_per_step * config.train.samples_per_prompt
   return planner.Workload(
       sequences=sequences, length=length, mini_batches=config.train.mini_batches,
@@ -81,7 +83,9 @@ def workload(config, *, prompt_len: int | None = None) -> planner.Workload:
       rollout_sequences=min(config.rollout.batch_size or sequences, sequences),
       reference=bool(rl.kl_coef or rl.kl_coef_per_domain), critic=bool(rl.use_critic),
       kernel_backend=backend if backend in ("reference", "interpret") else "compiled",
-      offload_optimizer=bool(config.optim.offload_state))
+      offload_optimizer=bool(config.optim.offload_state),
+      kept_ids=kept_ids_width(top_p=r.top_p, top_k=r.top_k, greedy=r.temperature == 0,
+                              vocab_size=cfg.vocab_size) if rl.keep_sampling_mask else 0)
 
 
 def best_mesh(config, devices: int, device: planner.DeviceSpec) -> planner.Plan:

@@ -21,10 +21,11 @@ Shapes are bucketed (prompt width to a multiple of `prompt_bucket` or a fixed
 one compiled program; `trace_count()` counts compilations for tests.
 
 Output rows follow the `Trajectories` layout: prompt, then response, then padding; logp_old,
-sample_mask and routing are aligned with the tokens (routing[n, t] = experts used when token t
-was processed; sample_mask[n, t] = kept set when token t was drawn). Prompts in, `Trajectories`
-out (bucketing the prompts, repeating them per sample, wrapping the output) is
-rl/rollout/trajectories.py, built on `run_engine`.
+kept_ids and routing are aligned with the tokens (routing[n, t] = experts used when token t
+was processed; kept_ids[n, t] = the ids the sampler could draw token t from, int32 [top_k]
+padded with -1, recorded only when it truncates: rl/core/sampling.py kept_ids_width). Prompts
+in, `Trajectories` out (bucketing the prompts, repeating them per sample, wrapping the output)
+is rl/rollout/trajectories.py, built on `run_engine`.
 """
 
 from __future__ import annotations
@@ -89,6 +90,11 @@ class RolloutConfig:
       raise ValueError(f"RolloutConfig.prompt_bucket={self.prompt_bucket}: must be positive")
     if self.vocab_limit is not None and self.vocab_limit <= 0:
       raise ValueError(f"RolloutConfig.vocab_limit={self.vocab_limit}: must be positive")
+    if self.keep_sampling_mask:
+      try:
+        sampling.kept_ids_width(top_p=self.top_p, top_k=self.top_k, greedy=self.greedy)
+      except ValueError as e:
+        raise ValueError(f"RolloutConfig.keep_sampling_mask: {e}") from None
 
   def replace(self, **changes: Any) -> "RolloutConfig":
     return dataclasses.replace(self, **changes)
@@ -186,8 +192,11 @@ def _engine_fn(graphdef, spec: _EngineSpec):
       # is harmless because no loss reads those positions' outputs.
       carry["routing"] = constrain(jnp.broadcast_to(
           jnp.arange(k, dtype=jnp.int32), (n_seqs, width, cfg.n_moe_layers, k)))
-    if spec.keep_sampling_mask:
-      carry["mask"] = constrain(sampling.full_sample_mask((n_seqs, width), vocab))
+    kept_width = sampling.kept_ids_width(
+        top_p=spec.top_p, top_k=spec.top_k, greedy=spec.greedy,
+        vocab_size=vocab) if spec.keep_sampling_mask else 0
+    if kept_width:
+      carry["kept_ids"] = constrain(jnp.full((n_seqs, width, kept_width), -1, jnp.int32))
 
     def refill(c):
       """Moves up to R pending sequences into free slots (prefill + parked logits)."""
@@ -230,8 +239,9 @@ def _engine_fn(graphdef, spec: _EngineSpec):
       row = c["slot_seq"]  # `free` for empty slots: their writes are dropped
       c["tokens"] = c["tokens"].at[row, position].set(token, mode="drop")
       c["logp"] = c["logp"].at[row, position].set(token_logp, mode="drop")
-      if spec.keep_sampling_mask:
-        c["mask"] = c["mask"].at[row, position].set(sampling.pack_sample_mask(kept), mode="drop")
+      if kept_width:
+        c["kept_ids"] = c["kept_ids"].at[row, position].set(
+            sampling.kept_ids_from_mask(kept, kept_width), mode="drop")
       c["slot_count"] = c["slot_count"] + active
       c["slot_new"] = c["slot_new"] + active
       stop = active & jnp.any(token[:, None] == stop_table[seq], axis=-1)
@@ -266,8 +276,8 @@ def _engine_fn(graphdef, spec: _EngineSpec):
     }
     if record_routing:
       result["routing"] = carry["routing"]
-    if spec.keep_sampling_mask:
-      result["sample_mask"] = carry["mask"]
+    if kept_width:
+      result["kept_ids"] = carry["kept_ids"]
     return {k: v if v.ndim == 0 else constrain(v) for k, v in result.items()}
 
   return run
@@ -349,7 +359,7 @@ def run_engine(graphdef, state, context_ids: np.ndarray, context_lens: np.ndarra
     mesh: shard slots and sequences over the mesh's batch axes (state placed by the caller).
 
   Returns a dict of arrays, rows as given: tokens [N, P+M], response_mask, logp_old, new_count,
-  stopped [N] (hit a stop id), routing / sample_mask when asked, the loop's decode_steps and
+  stopped [N] (hit a stop id), routing / kept_ids when asked, the loop's decode_steps and
   prefill_calls, and the slot count used.
   """
   n = context_ids.shape[0]

@@ -67,7 +67,7 @@ class _Sequence:
   response: list[int] = dataclasses.field(default_factory=list)
   logp: list[float] = dataclasses.field(default_factory=list)
   versions: list[int] = dataclasses.field(default_factory=list)
-  masks: list[np.ndarray] = dataclasses.field(default_factory=list)  # packed kept sets
+  kept_ids: list[np.ndarray] = dataclasses.field(default_factory=list)  # per round, [n, top_k]
   routing: np.ndarray | None = None  # [prompt + response, layers, k], latest processing
   stopped: bool = False
   done: bool = False
@@ -182,7 +182,7 @@ class StreamingRollout:
                              new_tokens=self.stream_cfg.round_tokens, rows=rows, mesh=self.mesh)
     host = jax.device_get({k: v for k, v in out.items()
                            if k in ("tokens", "logp_old", "new_count", "stopped", "routing",
-                                    "sample_mask")})
+                                    "kept_ids")})
     added = 0
     for i, seq in enumerate(running):
       start, count = int(lens[i]), int(host["new_count"][i])
@@ -190,8 +190,8 @@ class StreamingRollout:
       seq.response += host["tokens"][i, start:end].tolist()
       seq.logp += host["logp_old"][i, start:end].tolist()
       seq.versions += [version] * count
-      if "sample_mask" in host:
-        seq.masks.append(host["sample_mask"][i, start:end])
+      if "kept_ids" in host:
+        seq.kept_ids.append(host["kept_ids"][i, start:end])
       if "routing" in host:
         seq.routing = host["routing"][i, :end]
       seq.stopped = bool(host["stopped"][i])
@@ -253,15 +253,15 @@ class StreamingRollout:
     response_mask = np.zeros((n, width), np.int32)
     logp_old = np.zeros((n, width), np.float32)
     versions = np.zeros((n, width), np.int32)
-    routing = sample_mask = None
+    routing = kept_ids = None
     first = sequences[0][2]
     if first.routing is not None:
       k = first.routing.shape[-1]
       routing = np.broadcast_to(np.arange(k, dtype=np.int32),
                                 (n, width, *first.routing.shape[1:])).copy()
-    if cfg.keep_sampling_mask:
-      vocab_bytes = first.masks[0].shape[-1]
-      sample_mask = np.full((n, width, vocab_bytes), 255, np.uint8)
+    if first.kept_ids:  # recorded when keep-sampling-mask meets a truncating sampler
+      # Positions the sampler did not draw hold no ids (-1): they keep every id.
+      kept_ids = np.full((n, width, first.kept_ids[0].shape[-1]), -1, np.int32)
     for row, (_, group, seq) in enumerate(sequences):
       p, r = len(seq.prompt), len(seq.response)
       tokens[row, :p + r] = seq.prompt + seq.response
@@ -271,8 +271,8 @@ class StreamingRollout:
       versions[row, p:p + r] = seq.versions
       if routing is not None:
         routing[row, :p + r] = seq.routing
-      if sample_mask is not None:
-        sample_mask[row, p:p + r] = np.concatenate(seq.masks)
+      if kept_ids is not None:
+        kept_ids[row, p:p + r] = np.concatenate(seq.kept_ids)
     stopped = np.array([s.stopped for _, _, s in sequences])
     lengths = response_mask.sum(-1)
     return Trajectories(
@@ -280,5 +280,5 @@ class StreamingRollout:
         response_mask=response_mask, logp_old=logp_old, policy_version=versions,
         group_id=np.array([gi for gi, _, _ in sequences], np.int32), finished=stopped,
         truncated=~stopped & (lengths >= cfg.max_new_tokens), routing=routing,
-        sample_mask=sample_mask)
+        kept_ids=kept_ids)
 

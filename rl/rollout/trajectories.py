@@ -102,5 +102,5 @@ def trajectories_from_engine(out: dict, prompt_lens: np.ndarray, *, policy_versi
       finished=stopped,
       truncated=~stopped & (new_count >= max_new_tokens),
       routing=out.get("routing"),
-      sample_mask=out.get("sample_mask"),
+      kept_ids=out.get("kept_ids"),
   )

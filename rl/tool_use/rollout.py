@@ -50,7 +50,7 @@ from rl.core.types import Trajectories
 
 # (context ids [N, W], context lens [N], uids [N], generated_before [N], max_new [N]) ->
 # {"tokens" [N, W + M], "logp_old", "new_count" [N], "stopped" [N], optional "routing",
-# "sample_mask"}: the contract of rl.rollout.engine.run_engine with the stop ids bound.
+# "kept_ids"}: the contract of rl.rollout.engine.run_engine with the stop ids bound.
 GenerateFn = Callable[..., Mapping[str, Any]]
 
 
@@ -86,7 +86,7 @@ class Episode:
   end: str = ""  # once done: "answer", "length" or "turn_limit"
   pending: Any = None
   routing: np.ndarray | None = None  # [episode tokens, layers, k] of the last engine round
-  sample_masks: list[tuple[int, np.ndarray]] = dataclasses.field(default_factory=list)
+  kept_ids: list[tuple[int, np.ndarray]] = dataclasses.field(default_factory=list)
 
   @property
   def turns(self) -> int:
@@ -132,7 +132,7 @@ class ToolRollout:
           generated_before=generated_before, max_new=max_new,
           new_tokens=self.cfg.max_new_tokens, rows=rows,
           stop_ids=[[self.call_stop_id]] * len(ids))
-      keep = ("tokens", "logp_old", "new_count", "stopped", "routing", "sample_mask")
+      keep = ("tokens", "logp_old", "new_count", "stopped", "routing", "kept_ids")
       return jax.device_get({k: v for k, v in out.items() if k in keep})
     return generate
 
@@ -185,8 +185,8 @@ class ToolRollout:
       ep.generated += count
       if out.get("routing") is not None:
         ep.routing = np.asarray(out["routing"][i, :start + count])
-      if out.get("sample_mask") is not None:
-        ep.sample_masks.append((start, np.asarray(out["sample_mask"][i, start:start + count])))
+      if out.get("kept_ids") is not None:
+        ep.kept_ids.append((start, np.asarray(out["kept_ids"][i, start:start + count])))
       self._after_round(ep, turn, bool(out["stopped"][i]) and count > 0)
 
   def _after_round(self, ep: Episode, turn: Segment, stopped: bool) -> None:
@@ -223,16 +223,17 @@ class ToolRollout:
     tokens = np.full((n, width), self.cfg.pad_id, np.int32)
     response_mask = np.zeros((n, width), np.int32)
     logp_old = np.zeros((n, width), np.float32)
-    routing = sample_mask = None
+    routing = kept_ids = None
     first = next((ep for ep in episodes if ep.routing is not None), None)
     if first is not None:
       k = first.routing.shape[-1]
       routing = np.broadcast_to(np.arange(k, dtype=np.int32),
                                 (n, width, *first.routing.shape[1:])).copy()
-    first = next((ep for ep in episodes if ep.sample_masks), None)
+    first = next((ep for ep in episodes if ep.kept_ids), None)
     if first is not None:
-      # Positions the sampler did not draw keep every id (all bits set), as in rl.core.sampling.
-      sample_mask = np.full((n, width, first.sample_masks[0][1].shape[-1]), 255, np.uint8)
+      # Positions the sampler did not draw hold no ids (-1): they keep every id, as in
+      # rl.core.sampling.
+      kept_ids = np.full((n, width, first.kept_ids[0][1].shape[-1]), -1, np.int32)
     for row, ep in enumerate(episodes):
       position = 0
       for segment in ep.segments:
@@ -244,8 +245,8 @@ class ToolRollout:
         position = end
       if routing is not None and ep.routing is not None:
         routing[row, :len(ep.routing)] = ep.routing
-      for start, kept in ep.sample_masks:
-        sample_mask[row, start:start + len(kept)] = kept
+      for start, kept in ep.kept_ids:
+        kept_ids[row, start:start + len(kept)] = kept
     ends = np.array([ep.end for ep in episodes])
     return Trajectories(
         tokens=tokens, prompt_lens=np.array([len(ep.segments[0].ids) for ep in episodes],
@@ -253,4 +254,4 @@ class ToolRollout:
         response_mask=response_mask, logp_old=logp_old,
         policy_version=np.full((n, width), policy_version, np.int32),
         group_id=np.asarray(group_id, np.int32), finished=ends == "answer",
-        truncated=ends == "length", routing=routing, sample_mask=sample_mask)
+        truncated=ends == "length", routing=routing, kept_ids=kept_ids)

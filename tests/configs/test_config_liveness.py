@@ -36,6 +36,7 @@ from rl.config.defaults import base_config
 from rl.config.describe import leaves
 from rl.core.policy import build_policy, model_config
 from rl.config.validation import validate
+from rl.parallel import placement
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -142,7 +143,8 @@ PROBES = {
     "rl.offpolicy_mask_delta": ("update", 0.1, {}),
     "rl.indexer_coef": ("update", 1.0, {}),
     "rl.keep_routing": ("update", True, {}),
-    "rl.keep_sampling_mask": ("update", True, {}),
+    # A sampler that does not truncate records no kept set: the mask is a no-op without top-k.
+    "rl.keep_sampling_mask": ("update", True, {"rollout.top_k": 5}),
     "optim.lr": ("update", 1e-3, {}),
     "optim.warmup_steps": ("update", 50, {}),
     "optim.weight_decay": ("update", 0.1, {}),
@@ -391,8 +393,9 @@ def update_batch_spec(trainer, rows=4, width=32) -> dict:
   if c.rl.keep_routing and cfg.is_moe:
     batch["routing"] = jax.ShapeDtypeStruct(
         (rows, width, cfg.n_moe_layers, cfg.n_experts_per_tok), jnp.int32)
-  if c.rl.keep_sampling_mask:
-    batch["sample_mask"] = jax.ShapeDtypeStruct((rows, width, -(-cfg.vocab_size // 8)), jnp.uint8)
+  kept_width = placement.workload(c).kept_ids
+  if kept_width:
+    batch["kept_ids"] = jax.ShapeDtypeStruct((rows, width, kept_width), jnp.int32)
   if trainer._kl_on():
     batch["logp_ref"], batch["kl_coef"] = f32(rows, width), f32(rows)
   if trainer.critic is not None:

@@ -223,6 +223,19 @@ def test_indexer_loss_needs_an_indexer():
     validate(c)
 
 
+def test_keep_sampling_mask_needs_a_bounded_kept_set():
+  """Keep-sampling-mask records each token's kept set as top_k ids: top-p without top-k is
+  refused at start-up, naming both fields; top_k (or top_p 1, or greedy) is accepted."""
+  c = base_config(preset="tiny_dense", algorithm="grpo_v32")
+  validate(c)  # top_p 1: nothing is truncated, nothing recorded
+  c.rollout.top_p = 0.95
+  with pytest.raises(ValueError, match=r"config.rl.keep_sampling_mask=True with "
+                     r"config.rollout.top_p=0.95 and config.rollout.top_k=0: "):
+    validate(c)
+  c.rollout.top_k = 64
+  validate(c)
+
+
 def test_mesh_allows_one_open_axis():
   """At most one mesh axis may take the devices left over (-1)."""
   config = load(os.path.join(ROOT, "configs", "demo.py"))

@@ -1,5 +1,5 @@
 """Sampling distribution tests: draw frequencies (chi-square), top-p / top-k kept sets, the
-sampler/trainer log-prob identity and the packed keep-sampling-mask."""
+sampler/trainer log-prob identity and the keep-sampling-mask's kept-id record."""
 
 import jax
 import jax.numpy as jnp
@@ -121,14 +121,35 @@ def test_greedy_and_vocab_limit():
   assert drawn.max() < 3
 
 
-def test_packed_mask_round_trip():
-  """pack/unpack of the kept mask is lossless for a vocabulary that is not a multiple of 8, and
-  costs ceil(V/8) bytes per token; the all-kept filler unpacks to all True."""
-  mask = jax.random.bernoulli(jax.random.key(3), 0.3, (3, 5, 13))
-  packed = sampling.pack_sample_mask(mask)
-  assert packed.dtype == jnp.uint8 and packed.shape == (3, 5, 2)
-  np.testing.assert_array_equal(sampling.unpack_sample_mask(packed, 13), mask)
-  assert bool(sampling.unpack_sample_mask(sampling.full_sample_mask((2,), 13), 13).all())
+@pytest.mark.parametrize("top_p,top_k", [(1.0, 1), (1.0, 7), (0.9, 5), (0.5, 40), (0.99, 300)])
+def test_kept_ids_round_trip(top_p, top_k):
+  """The recorded kept ids (int32 [..., top_k], 4 * top_k bytes per token, ascending, -1 padded)
+  rebuild exactly the sampler's kept set, for random logits over a 300-id vocabulary and
+  several top-p / top-k; a position without ids keeps every id."""
+  logits = 3.0 * jax.random.normal(jax.random.key(top_k), (4, 6, 300))
+  _, kept = sampling.sampling_logprobs(logits, temperature=0.8, top_p=top_p, top_k=top_k)
+  width = sampling.kept_ids_width(top_p=top_p, top_k=top_k, vocab_size=300)
+  assert width == min(top_k, 300)
+  ids = sampling.kept_ids_from_mask(kept, width)
+  assert ids.dtype == jnp.int32 and ids.shape == (4, 6, width)
+  assert ids.nbytes // (4 * 6) == 4 * width
+  np.testing.assert_array_equal(sampling.kept_mask_from_ids(ids, 300), kept)
+  ids = np.asarray(ids)
+  count = np.asarray(kept).sum(-1)
+  for row, n in zip(ids.reshape(-1, width), count.reshape(-1)):
+    assert np.all(np.diff(row[:n]) > 0) and np.all(row[n:] == -1)
+  assert bool(sampling.kept_mask_from_ids(jnp.full((2, width), -1), 300).all())
+
+
+def test_kept_ids_width_is_the_recording_rule():
+  """Nothing is recorded when the sampler does not truncate (top_p 1 and top_k 0, or greedy);
+  top_k ids when it does; top-p without top-k (an unbounded kept set) is refused."""
+  assert sampling.kept_ids_width(top_p=1.0, top_k=0) == 0
+  assert sampling.kept_ids_width(top_p=0.9, top_k=0, greedy=True) == 0
+  assert sampling.kept_ids_width(top_p=0.95, top_k=256) == 256
+  assert sampling.kept_ids_width(top_p=1.0, top_k=20, vocab_size=8) == 8
+  with pytest.raises(ValueError, match="top_p=0.95 with top_k=0"):
+    sampling.kept_ids_width(top_p=0.95, top_k=0)
 
 
 def test_bad_arguments_name_the_value():

@@ -129,12 +129,12 @@ def test_sharded_update_matches_single_device(setup, name, expert_parallel_choic
 
 
 def test_misnamed_batch_field_is_refused(setup):
-  """The update refuses a mini-batch with an unknown key (a misspelt "sample_mask" once
+  """The update refuses a mini-batch with an unknown key (a misspelt "kept_ids" once
   switched keep-sampling-mask off without a word) or without a field it always reads."""
   update = setup["make"]()
   state = ts.init_state(jax.tree.map(jnp.asarray, setup["params"]), setup["optimizer"])
   batch = {k: jnp.asarray(v) for k, v in setup["batch"].items()}
-  with pytest.raises(ValueError, match=r"unknown fields \['sample_masks'\]"):
-    update(state, setup["rest"], dict(batch, sample_masks=batch["tokens"]))
+  with pytest.raises(ValueError, match=r"unknown fields \['kept_id'\]"):
+    update(state, setup["rest"], dict(batch, kept_id=batch["tokens"]))
   with pytest.raises(ValueError, match=r"missing fields \['acc'\]"):
     update(state, setup["rest"], {k: v for k, v in batch.items() if k != "acc"})

@@ -44,7 +44,7 @@ def trainer_logprobs_fn(graphdef, temperature):
   forward pass picks by itself."""
 
   @jax.jit
-  def run(state, tokens, routing, sample_mask):
+  def run(state, tokens, routing, kept_ids):
     model = nnx.merge(graphdef, state)
     out = model.forward(tokens, routing=routing)
     own_routing = model.forward(tokens).routing if routing is not None else None
@@ -56,8 +56,8 @@ def trainer_logprobs_fn(graphdef, temperature):
       return jnp.pad(jnp.take_along_axis(logp, targets, axis=-1)[..., 0], ((0, 0), (1, 0)))
 
     kept = None
-    if sample_mask is not None:
-      kept = sampling.unpack_sample_mask(sample_mask[:, 1:], out.logits.shape[-1])
+    if kept_ids is not None:
+      kept = sampling.kept_mask_from_ids(kept_ids[:, 1:], out.logits.shape[-1])
     return token_logp(kept), token_logp(None), own_routing
 
   return run
@@ -112,11 +112,14 @@ def test_logp_old_equals_trainer_recomputation(name):
   mask = np.asarray(traj.response_mask).astype(bool)
   tokens = jnp.asarray(traj.tokens)
   logp, full, own_routing = trainer_logprobs_fn(graphdef, FULL_CFG.temperature)(
-      state, tokens, traj.routing, traj.sample_mask)
+      state, tokens, traj.routing, traj.kept_ids)
   logp, full = np.asarray(logp), np.asarray(full)
   np.testing.assert_allclose(logp[mask], np.asarray(traj.logp_old)[mask], atol=1e-5, rtol=0)
 
-  kept = np.asarray(sampling.unpack_sample_mask(traj.sample_mask, 264))
+  # The record: top_k int32 ids per position, 4 * top_k bytes per token (a bit array: V / 8).
+  assert traj.kept_ids.dtype == np.int32 and traj.kept_ids.shape == (*tokens.shape, 40)
+  assert traj.kept_ids.nbytes // tokens.size == 4 * FULL_CFG.top_k
+  kept = np.asarray(sampling.kept_mask_from_ids(traj.kept_ids, 264))
   assert np.take_along_axis(kept, np.asarray(tokens)[..., None], -1)[..., 0][mask].all()
   assert kept[~mask].all()
   assert 0 < kept[mask].sum(-1).mean() < 263  # top-p / top-k really removed ids
@@ -243,6 +246,20 @@ def test_sharded_generation_equals_unsharded():
   np.testing.assert_allclose(np.asarray(traj.logp_old)[:rows], reference.logp_old, atol=1e-5,
                              rtol=0)
   assert traj.tokens.sharding.spec[0] == "data"
+
+
+def test_keep_sampling_mask_records_nothing_without_truncation():
+  """A sampler that keeps every id (top_p 1, top_k 0) has nothing to record: keep-sampling-mask
+  adds no field and changes nothing. Top-p without top-k is refused (its kept set is
+  unbounded)."""
+  plain, _ = generated("tiny_dense", PLAIN_CFG)
+  traj, _ = generated("tiny_dense", PLAIN_CFG.replace(keep_sampling_mask=True))
+  assert traj.kept_ids is None
+  np.testing.assert_array_equal(np.asarray(traj.tokens), np.asarray(plain.tokens))
+  np.testing.assert_array_equal(np.asarray(traj.logp_old), np.asarray(plain.logp_old))
+  with pytest.raises(ValueError, match="keep_sampling_mask: top_p=0.9 with top_k=0"):
+    PLAIN_CFG.replace(top_p=0.9, keep_sampling_mask=True)
+  assert PLAIN_CFG.replace(top_p=0.9, top_k=8, keep_sampling_mask=True).top_k == 8
 
 
 def test_config_errors_name_the_field():

@@ -31,9 +31,9 @@ def policy(seed):
 @functools.lru_cache(maxsize=None)
 def teacher_forced_fn(graphdef):
   @jax.jit
-  def run(state, tokens, sample_mask):
+  def run(state, tokens, kept_ids):
     logits = nnx.merge(graphdef, state).forward(tokens).logits[:, :-1]
-    kept = sampling.unpack_sample_mask(sample_mask[:, 1:], logits.shape[-1])
+    kept = sampling.kept_mask_from_ids(kept_ids[:, 1:], logits.shape[-1])
     logp = sampling.masked_logprobs(logits, temperature=CFG.temperature, kept_mask=kept)
     logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
     return jnp.pad(logp, ((0, 0), (1, 0)))
@@ -76,8 +76,8 @@ def test_mixed_version_responses_carry_exact_behaviour_logprobs():
     tokens = jnp.asarray(traj.tokens)
     mask = np.asarray(traj.response_mask).astype(bool)
     versions = np.asarray(traj.policy_version)
-    under = {0: np.asarray(recompute(state_v0, tokens, traj.sample_mask)),
-             1: np.asarray(recompute(state_v1, tokens, traj.sample_mask))}
+    under = {0: np.asarray(recompute(state_v0, tokens, traj.kept_ids)),
+             1: np.asarray(recompute(state_v1, tokens, traj.kept_ids))}
     for version, logp in under.items():
       sel = mask & (versions == version)
       np.testing.assert_allclose(logp[sel], np.asarray(traj.logp_old)[sel], atol=1e-5, rtol=0)
