@@ -74,10 +74,15 @@ def get_config(arg: str = ""):
   c.rollout.top_p = 0.95
   # Keep-sampling-mask records each token's kept set as top_k int32 ids (rl/core/sampling.py):
   # top-p alone has no bound on it. 256 ids cost 1 KiB per token (a bit array over the 129k
-  # vocabulary cost 16 KiB) and hardly bind: a 0.95 nucleus at temperature 1 rarely holds more
-  # than a few dozen ids. The kept set is top-p over the 256 likeliest ids, recorded exactly,
-  # so the trainer's log-probs still equal the sampler's.
+  # vocabulary cost 16 KiB). The kept set is top-p over the 256 likeliest ids (where the 0.95
+  # nucleus is wider, the 256 likeliest), recorded exactly, so the trainer's log-probs still
+  # equal the sampler's.
   c.rollout.top_k = 256
+  # Continuous batching: 1024 decode slots, 64 prompts prefilled per refill, instead of all
+  # 8192 sequences of a step at once (samples do not depend on it). With it the :small rollout
+  # compiles to 62.5 GiB per v5p chip on v5p:4x4x2; without, 1618 GiB (docs/performance.md).
+  c.rollout.batch_size = 1024
+  c.rollout.prefill_batch = 64
   c.rollout.prompt_bucket = 256
   c.rollout.streaming.update(enabled=True, on_policy_fraction=0.5, max_staleness=1,
                              round_tokens=1024)
