@@ -1,5 +1,5 @@
-"""What the Qwen2.5 math RL recipes (qwen2_5_math_dapo.py, vapo_qwen.py) share: the size the
-recipe's argument names, and the one-host settings they start from. Not a config file itself."""
+"""What the Qwen math RL recipes (qwen2_5_math_dapo.py, vapo_qwen.py, qwen3_moe_dapo.py) share:
+the size the argument names, and the math RL settings they start from. Not a config file."""
 
 from __future__ import annotations
 
@@ -20,21 +20,14 @@ def size_of(arg: str, config_file: str) -> str:
   return size
 
 
-def math_rl_on_one_gpu_host(c: ml_collections.ConfigDict, *, size: str,
-                            hf_dir: str) -> ml_collections.ConfigDict:
-  """Shared settings of the math RL recipes on one 8-GPU host (DAPO paper scale, scaled to
-  one host): the HF checkpoint, prompt files with AIME 2024 held out, temperature-1 sampling of
-  up to 3072 tokens, lr 1e-6 AdamW (weight decay 0.1, clip 1.0), 128 prompts x 16 samples in 4
-  optimiser steps.
+def math_rl(c: ml_collections.ConfigDict, *, hf_dir: str) -> ml_collections.ConfigDict:
+  """The math RL settings at DAPO paper scale, scaled to one host's batch: the HF checkpoint,
+  prompt files with AIME 2024 held out, temperature-1 sampling of up to 3072 tokens, lr 1e-6
+  AdamW (weight decay 0.1, clip 1.0), 128 prompts x 16 samples in 4 optimiser steps.
 
   The training prompts (DAPO-Math-17k, flattened to `prompt` / `answer` records) are wherever
   the user keeps them: config.data.train_files stays empty and a run without it stops at start
-  naming the field (a dry run plans without it).
-
-  Dense attention keeps [heads, T, T] fp32 probabilities alive per layer, so heads (and MLP,
-  vocabulary) are split over GPU groups by tensor parallelism, FSDP runs across the groups,
-  and a micro-batch holds one sequence per group.
-  """
+  naming the field (a dry run plans without it)."""
   c.init_hf_dir = hf_dir
   c.tokenizer = hf_dir
   c.data.source = "files"
@@ -47,6 +40,15 @@ def math_rl_on_one_gpu_host(c: ml_collections.ConfigDict, *, size: str,
   c.train.update(steps=500, prompts_per_step=128, samples_per_prompt=16,
                  mini_batches=4,  # 32 prompts (512 sequences) per optimiser step, as in DAPO
                  eval_every=25, checkpoint_every=25)
+  return c
+
+
+def math_rl_on_one_gpu_host(c: ml_collections.ConfigDict, *, size: str,
+                            hf_dir: str) -> ml_collections.ConfigDict:
+  """`math_rl` on one 8-GPU host. Dense attention keeps [heads, T, T] fp32 probabilities alive
+  per layer, so heads (and MLP, vocabulary) are split over GPU groups by tensor parallelism,
+  FSDP runs across the groups, and a micro-batch holds one sequence per group."""
+  math_rl(c, hf_dir=hf_dir)
   tensor = 2 if size == "1.5b" else 4
   c.mesh.shape.update(data=1, fsdp=8 // tensor, tensor=tensor)
   mini_batch = c.train.prompts_per_step * c.train.samples_per_prompt // c.train.mini_batches

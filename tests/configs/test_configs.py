@@ -140,7 +140,7 @@ def test_bare_defaults_are_a_valid_run():
 
 
 @pytest.mark.parametrize("name", ["qwen2_5_math_dapo.py", "vapo_qwen.py",
-                                  "deepseek_v32_moe_tpu.py"])
+                                  "deepseek_v32_moe_tpu.py", "qwen3_moe_dapo.py"])
 def test_recipes_leave_the_prompt_files_to_the_user(name):
   """The recipes that train on prompt files name none of this machine's (they validate, so a
   dry run plans them anywhere); a run without config.data.train_files stops at start naming

@@ -1,0 +1,37 @@
+"""DAPO on Qwen3-30B-A3B (MoE: 128 experts, 8 active) from a local Hugging Face checkpoint, on a
+TPU v5p slice of 16 chips (v5p:2x2x4).
+
+  python launch/train.py --config=configs/qwen3_moe_dapo.py --dry_run --topology=v5p:2x2x4
+  python launch/train.py --config=configs/qwen3_moe_dapo.py --workdir=gs://BUCKET/qwen3_moe \
+      --config.data.train_files=gs://BUCKET/dapo_math_17k.parquet
+
+The DAPO hyper-parameters of configs/qwen2_5_math_dapo.py (spec/rl_algorithms.md sections 6
+and 8; configs/qwen.py `math_rl`) on the MoE: experts split over the "expert" axis (8 experts' worth of
+16 per device, tokens exchanged all-to-all), parameters and optimiser state over FSDP. Parameters
+are float32 for the reason given there (lr 1e-6 is below half a bfloat16 ulp of a weight).
+Responses stop at 3072 tokens in a 4096-token context, as in the Qwen2.5-Math recipes.
+"""
+
+from configs import qwen
+from rl.config.defaults import base_config
+
+HF_DIR = "/models/Qwen3-30B-A3B-Base"
+
+
+def get_config(arg: str = ""):
+  if arg:
+    raise ValueError(f"configs/qwen3_moe_dapo.py:{arg}: this recipe takes no argument")
+  c = base_config(preset="qwen3-30b-a3b", algorithm="dapo", max_seq_len=4096,
+                  param_dtype="float32")
+  qwen.math_rl(c, hf_dir=HF_DIR)
+  c.rl.overlong_buffer = 512
+  c.rl.max_num_gen_batches = 10
+  c.kernel_backend = "auto"
+  # 16 chips: experts over 8, FSDP over 2; a micro-batch holds one sequence per row shard.
+  c.mesh.shape.update(data=1, fsdp=2, expert=8, tensor=1)
+  c.mesh.devices = 16
+  mini_batch = c.train.prompts_per_step * c.train.samples_per_prompt // c.train.mini_batches
+  c.train.micro_batches = mini_batch // 16
+  c.rollout.batch_size = 512
+  c.rollout.prefill_batch = 64
+  return c.lock()
