@@ -274,16 +274,19 @@ class Trainer:
                            values=lambda: self._values(traj))
     return {k: np.asarray(v, np.float32) for k, v in out.items()}
 
+  @functools.cached_property
+  def _values_fn(self):
+    """The critic's jitted forward (built on first use: runs without a critic never build it)."""
+    graphdef, rest = self.critic_graphdef, self.critic_rest
+
+    @jax.jit
+    def values_fn(params, tokens):
+      v = nnx.merge(graphdef, params, rest).forward(tokens).values
+      return jnp.pad(v[:, :-1], ((0, 0), (1, 0)))
+    return values_fn
+
   def _values(self, traj) -> jax.Array:
     """Critic value of the state before token t, placed at t (0 where not a response)."""
-    if not hasattr(self, "_values_fn"):
-      graphdef, rest = self.critic_graphdef, self.critic_rest
-
-      @jax.jit
-      def values_fn(params, tokens):
-        v = nnx.merge(graphdef, params, rest).forward(tokens).values
-        return jnp.pad(v[:, :-1], ((0, 0), (1, 0)))
-      self._values_fn = values_fn
     values = to_host(self._values_fn(self.critic.params, jnp.asarray(traj.tokens)))
     return values * jnp.asarray(traj.response_mask, jnp.float32)
 
