@@ -39,6 +39,16 @@ def _normalized(weights: Mapping[str, float], what: str) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- Staged schedule
 
+def _accuracy(name: str, value, known, what: str) -> float:
+  """One accuracy reported for `name` (a domain or task): known, and in [0, 1]."""
+  if name not in known:
+    raise ValueError(f"unknown {what} {name!r}; known: {', '.join(known)}")
+  value = float(value)
+  if not 0.0 <= value <= 1.0:
+    raise ValueError(f"accuracy of {name!r} must be in [0, 1], got {value}")
+  return value
+
+
 class StagedSchedule:
   """Piecewise-constant domain weights: stage k holds from its start step to the next stage's.
 
@@ -130,11 +140,7 @@ class OnlineAdaptation:
   def update(self, accuracy: Mapping[str, float]) -> None:
     """Folds in one step's mean accuracy per domain (domains not given are left as they are)."""
     for domain, value in accuracy.items():
-      if domain not in self.domains:
-        raise ValueError(f"unknown domain {domain!r}; known: {', '.join(self.domains)}")
-      value = float(value)
-      if not 0.0 <= value <= 1.0:
-        raise ValueError(f"accuracy of {domain!r} must be in [0, 1], got {value}")
+      value = _accuracy(domain, value, self.domains, "domain")
       if domain not in self.fast:
         self.fast[domain] = self.slow[domain] = value
       else:
@@ -217,11 +223,7 @@ class DifficultyCurriculum:
     """Records one step's accuracy per task; returns the tasks whose level just rose."""
     raised = []
     for task, value in accuracy.items():
-      if task not in self.num_levels:
-        raise ValueError(f"unknown task {task!r}; known: {', '.join(self.num_levels)}")
-      value = float(value)
-      if not 0.0 <= value <= 1.0:
-        raise ValueError(f"accuracy of {task!r} must be in [0, 1], got {value}")
+      value = _accuracy(task, value, self.num_levels, "task")
       history = self.history[task]
       history.append(value)
       at_top = self.levels[task] == self.num_levels[task] - 1
