@@ -49,6 +49,12 @@ def target_platform(platform: str | None):
     _target_platform = previous
 
 
+def platform() -> str:
+  """The platform programs traced now run on: `target_platform`'s, else jax's default backend
+  ("cpu", "gpu", "tpu")."""
+  return _target_platform or jax.default_backend()
+
+
 def _power_of_two_16(n: int) -> bool:
   return n >= 16 and n & (n - 1) == 0
 
@@ -57,10 +63,10 @@ def _resolve(backend: str, gpu_ok: bool, what: str) -> str:
   if backend not in BACKENDS:
     raise ValueError(f"kernel backend {backend!r}: must be one of {BACKENDS}")
   if backend == "auto":
-    platform = _target_platform or jax.default_backend()
-    if platform in ("gpu", "cuda", "rocm"):
+    target = platform()
+    if target in ("gpu", "cuda", "rocm"):
       return "gpu" if gpu_ok else "reference"
-    return "tpu" if platform == "tpu" else "reference"
+    return "tpu" if target == "tpu" else "reference"
   if backend == "gpu" and not gpu_ok:
     raise ValueError(f"kernel backend 'gpu': {what} must be powers of two >= 16 for the "
                      "Triton tiles (use 'reference' or 'interpret' for these shapes)")

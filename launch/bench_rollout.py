@@ -65,6 +65,9 @@ _NAIVE = flags.DEFINE_bool("naive", True, "Preset mode: also time full-forward-p
                            "decoding.")
 _COMPARE = flags.DEFINE_list("compare", [], "With --hf_dir: other systems on the same "
                              "checkpoint, of hf, vllm, tunix (vllm / tunix only if installed).")
+_PEER_PYTHON = flags.DEFINE_string(
+    "peer_python", None, "With --compare: run hf and vllm under this Python interpreter (e.g. "
+    "vLLM's own virtual environment, which pins its own torch), in a subprocess.")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "With --hf_dir: parameter dtype, every system.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the random prompt ids.")
 
@@ -251,8 +254,9 @@ def measure(system, prompt_ids: np.ndarray, new_tokens: int, repeats: int) -> di
           "ttft_s": ttft_s, "compile_s": compile_s, "tokens": tokens}
 
 
-def host_line(system_names) -> str:
-  """CPU model, usable cores, the package versions of the systems run, and today's date."""
+def host_line(system_names, peer_versions: dict[str, dict[str, str]] | None = None) -> str:
+  """CPU model, usable cores, the package versions of the systems run (a peer in another
+  interpreter: its own, from `peer_versions`), and today's date."""
   cpu = "unknown cpu"
   if os.path.exists("/proc/cpuinfo"):
     with open("/proc/cpuinfo") as f:
@@ -265,6 +269,9 @@ def host_line(system_names) -> str:
       versions.append(f"{package} {importlib.metadata.version(package)}")
     except importlib.metadata.PackageNotFoundError:
       versions.append(f"{package} not installed")
+  for name, found in (peer_versions or {}).items():
+    listed = ", ".join(f"{package} {version}" for package, version in found.items())
+    versions.append(f"{name} in its own interpreter: {listed}")
   return (f"host: {cpu}, nproc {len(os.sched_getaffinity(0))}; {', '.join(versions)}; "
           f"{datetime.date.today().isoformat()}")
 
@@ -290,7 +297,7 @@ def markdown_table(rows: list[dict], greedy: bool) -> str:
 
 def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
                  compare=(), greedy: bool = True, repeats: int = 3, dtype: str = "float32",
-                 seed: int = 0, log=print) -> list[dict]:
+                 seed: int = 0, peer_python: str | None = None, log=print) -> list[dict]:
   """seedrl and each system of `compare` on the HF directory `hf_dir` at each batch size.
 
   Returns one dict per (batch, system) with system, batch, tokens_per_s, ttft_s, compile_s,
@@ -309,7 +316,8 @@ def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
   for name in compare:
     start = time.perf_counter()
     system = rollout_peers.make_system(name, hf_dir, model.cfg, greedy=greedy,
-                                       max_len=prompt_len + response_len, log=log)
+                                       max_len=prompt_len + response_len,
+                                       python=peer_python, log=log)
     if system is not None:
       systems.append(system)
       load_s[name] = time.perf_counter() - start
@@ -334,7 +342,10 @@ def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
 
   params = param_counts(model.cfg)["total"]
   log("")
-  log(host_line(load_s))
+  log(host_line(load_s, {s.name: s.versions for s in systems if hasattr(s, "versions")}))
+  for system in systems:
+    if hasattr(system, "close"):
+      system.close()
   log(f"model: {hf_dir} ({params / 1e6:.1f}M params, {dtype}); prompt {prompt_len}, response "
       f"{response_len}, {'greedy' if greedy else 'sampling T=1'}, stop ids off; median of "
       f"{repeats} runs after a warm-up")
@@ -357,7 +368,7 @@ def main(argv):
       raise app.UsageError("--model and --hf_dir are alternatives: give one")
     side_by_side(_HF_DIR.value, batches, _PROMPT_LEN.value, _RESPONSE_LEN.value,
                  compare=_COMPARE.value, greedy=_GREEDY.value, repeats=_REPEATS.value,
-                 dtype=_DTYPE.value, seed=_SEED.value)
+                 dtype=_DTYPE.value, seed=_SEED.value, peer_python=_PEER_PYTHON.value)
     return
   if _COMPARE.value:
     raise app.UsageError("--compare needs --hf_dir (the other systems load an HF directory)")

@@ -5,17 +5,29 @@ Qwen2 sampler. Each is a class with `name` and generate(prompt_ids [B, P] int32,
 temperature 1 sampling with no top-k / top-p), so the benchmark can time and compare them as
 one. vLLM and Tunix are optional extras: `make_system` skips them, with a line, when they are
 not installed.
+
+vLLM pins its own torch and usually lives in its own virtual environment: with `python=` (the
+benchmark's --peer_python) HF and vLLM run in that interpreter instead, as `SubprocessPeer`,
+which serves `generate` calls from this file run as a script (`serve`; it needs only numpy and
+the peer's own packages). The prompts and tokens cross as .npy files; the benchmark times the
+call from its side, so the few milliseconds of the hand-over count against the peer.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import TYPE_CHECKING
 
-import jax.numpy as jnp
 import numpy as np
 
-from models import hf
-from models.config import ModelConfig
+if TYPE_CHECKING:
+  from models.config import ModelConfig
 
 COMPARED = ("hf", "vllm", "tunix")
 
@@ -95,6 +107,7 @@ class TunixGenerate:
   name = "tunix"
 
   def __init__(self, hf_dir: str, cfg: ModelConfig, greedy: bool, max_len: int):
+    import jax.numpy as jnp
     from tunix.generate import sampler as sampler_lib
     from tunix.models.qwen2 import model as qwen2_model
     from tunix.models.qwen2 import params as qwen2_params
@@ -118,13 +131,22 @@ class TunixGenerate:
 
 
 def make_system(name: str, hf_dir: str, cfg: ModelConfig, *, greedy: bool, max_len: int,
-                log=print):
+                python: str | None = None, log=print):
   """The system called `name` on `hf_dir`, or None (with one line through `log`) when it is an
-  optional extra that is not installed or cannot load this checkpoint."""
+  optional extra that is not installed or cannot load this checkpoint. With `python` (another
+  interpreter), hf and vllm run there (`SubprocessPeer`)."""
+  import jax.numpy as jnp
+  from models import hf
+  dtype = jnp.dtype(cfg.param_dtype).name
+  if python and name in ("hf", "vllm"):
+    try:
+      return SubprocessPeer(python, name, hf_dir, dtype, greedy, max_len)
+    except RuntimeError as e:
+      log(f"{name} under {python}: {e}; skipped")
+      return None
   if name in ("vllm", "tunix") and importlib.util.find_spec(name) is None:
     log(f"{name}: not installed (an optional extra, not a requirement); skipped")
     return None
-  dtype = jnp.dtype(cfg.param_dtype).name
   if name == "hf":
     return HFGenerate(hf_dir, dtype, greedy)
   if name == "vllm":
@@ -133,3 +155,75 @@ def make_system(name: str, hf_dir: str, cfg: ModelConfig, *, greedy: bool, max_l
     log(f"tunix: only qwen2 checkpoints are wired here (this is {hf.family_of(cfg)}); skipped")
     return None
   return TunixGenerate(hf_dir, cfg, greedy, max_len)
+
+
+# ------------------------------------------------------------------- Another interpreter
+
+_READY, _DONE = "PEER_READY ", "PEER_DONE "
+
+
+def _versions(name: str) -> dict[str, str]:
+  packages = ("torch", "transformers") + (("vllm",) if name == "vllm" else ())
+  found = {}
+  for package in packages:
+    try:
+      found[package] = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+      pass
+  return found
+
+
+class SubprocessPeer:
+  """A peer (hf or vllm) in another Python interpreter, e.g. vLLM's own virtual environment;
+  same `name` and `generate` as the in-process runners, plus the peer's package `versions`."""
+
+  def __init__(self, python: str, name: str, hf_dir: str, dtype: str, greedy: bool,
+               max_len: int):
+    self.name = name
+    self.dir = tempfile.mkdtemp(prefix=f"seedrl_peer_{name}_")
+    self.log_path = os.path.join(self.dir, "peer.log")
+    with open(self.log_path, "w") as log:
+      self.proc = subprocess.Popen(
+          [python, os.path.abspath(__file__), name, hf_dir, dtype, str(int(greedy)),
+           str(max_len)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+    self.versions = json.loads(self._reply(_READY))
+
+  def _reply(self, prefix: str) -> str:
+    for line in self.proc.stdout:
+      if line.startswith(prefix):
+        return line[len(prefix):]
+    with open(self.log_path) as f:
+      tail = f.read().strip().splitlines()[-1:]
+    raise RuntimeError(f"the {self.name} process exited ({self.proc.wait()}): "
+                       f"{tail[0] if tail else 'no output'} (log: {self.log_path})")
+
+  def generate(self, prompt_ids: np.ndarray, new_tokens: int) -> np.ndarray:
+    prompts, tokens = (os.path.join(self.dir, f) for f in ("prompts.npy", "tokens.npy"))
+    np.save(prompts, prompt_ids)
+    self.proc.stdin.write(json.dumps({"prompts": prompts, "tokens": tokens,
+                                      "new_tokens": new_tokens}) + "\n")
+    self.proc.stdin.flush()
+    self._reply(_DONE)
+    return np.load(tokens)
+
+  def close(self):
+    if self.proc.poll() is None:
+      self.proc.stdin.close()
+      self.proc.wait(timeout=60)
+
+
+def serve(name: str, hf_dir: str, dtype: str, greedy: bool, max_len: int) -> None:
+  """The other side of `SubprocessPeer`: loads the peer, then answers one generate request per
+  stdin line until stdin closes."""
+  system = (HFGenerate(hf_dir, dtype, greedy) if name == "hf"
+            else VLLMGenerate(hf_dir, dtype, greedy, max_len))
+  print(_READY + json.dumps(_versions(name)), flush=True)
+  for line in sys.stdin:
+    request = json.loads(line)
+    tokens = system.generate(np.load(request["prompts"]), request["new_tokens"])
+    np.save(request["tokens"], np.asarray(tokens, np.int32))
+    print(_DONE, flush=True)
+
+
+if __name__ == "__main__":  # vLLM starts its engine in a spawned process: needs this guard
+  serve(sys.argv[1], sys.argv[2], sys.argv[3], bool(int(sys.argv[4])), int(sys.argv[5]))

@@ -161,7 +161,7 @@ class MLAttention(nnx.Module):
       latent = new_cache["latent"].astype(latent_new.dtype)
     else:
       latent = latent_new
-    w_kv_b = self.wkv_b.kernel[...].astype(q.dtype)  # [kv_lora, H, nope + v]
+    w_kv_b = self.wkv_b.in_major().astype(q.dtype)  # [kv_lora, H, nope + v]
     w_uk, w_uv = w_kv_b[..., :nope], w_kv_b[..., nope:]
     q_absorbed = jnp.einsum("bthn,chn->bthc", q_nope, w_uk)
     q_full = jnp.concatenate([q_absorbed, q_pe], axis=-1)  # [B, T, H, kv_lora + rope]

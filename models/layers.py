@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+import kernels
 from models.config import ModelConfig, yarn_get_mscale
 
 
@@ -38,25 +39,91 @@ def param(rngs: nnx.Rngs, shape: Sequence[int], axes: Sequence[str | None], *,
   return nnx.Param(value, logical_axes=tuple(axes))
 
 
+# Rows (tokens) at or below which a product on CPU runs blocked over its output (decoding).
+DECODE_ROWS = 64
+_OUT_BLOCKS = (128, 64)
+
+
+def matmul_out_in(x: jax.Array, w: jax.Array) -> jax.Array:
+  """x [..., in] times w [out, in] (the weight stored output-major) -> [..., out], in x's dtype.
+
+  On TPU and GPU this is one einsum. On CPU, where XLA's GEMM choices decide decode speed
+  (measured on a Qwen2.5-0.5B-shaped layer stack, docs/performance.md):
+  - with at most DECODE_ROWS rows (a decode step) the product runs as out/128 blocks of
+    [128, in]. XLA:CPU's GEMM packs its whole right-hand operand on every call, which at 8-32
+    rows costs about as much as the product (fp32, 8 rows: 139 ms per step plain, 85 ms
+    blocked); a [128, in] block is packed from cache;
+  - bf16 / fp16 products accumulate in fp32 (preferred_element_type) and round once: a bf16
+    output sends XLA:CPU to a path 5-10x slower (8 rows: 545 ms plain bf16, 37 ms this way),
+    and a single row is padded to two, which its bf16 single-row path is equally slow at.
+  """
+  if kernels.platform() != "cpu":
+    return jnp.einsum("...i,oi->...o", x, w)
+  lead, (out, width) = x.shape[:-1], w.shape
+  rows = math.prod(lead)
+  x2 = x.reshape(rows, width)
+  options = {}
+  if x.dtype.itemsize < 4:
+    options["preferred_element_type"] = jnp.float32
+    if rows == 1:
+      x2 = jnp.pad(x2, ((0, 1), (0, 0)))
+  block = next((b for b in _OUT_BLOCKS if out % b == 0 and out > b), 0)
+  if block and rows <= DECODE_ROWS:
+    y = jnp.einsum("mi,boi->bmo", x2, w.reshape(out // block, block, width), **options)
+    y = jnp.moveaxis(y, 0, 1).reshape(x2.shape[0], out)
+  else:
+    y = jnp.einsum("mi,oi->mo", x2, w, **options)
+  if x2.shape[0] != rows:  # the barrier keeps XLA from slicing the padding off the operand
+    y = jax.lax.optimization_barrier(y)[:rows]
+  return y.astype(x.dtype).reshape(*lead, out)
+
+
 class Dense(nnx.Module):
-  """y = x @ W (+ b) over the last axis; W is [in, *out] so heads can be their own axis."""
+  """y = x @ W (+ b) over the last axis; W is [in, *out] so heads can be their own axis, or
+  [*out, in] after `kernels_out_in` (the CPU rollout engine's layout)."""
 
   def __init__(self, in_dim: int, out_shape: int | Sequence[int], axes: Sequence[str | None],
                cfg: ModelConfig, *, rngs: nnx.Rngs, bias: bool = False):
     out_shape = (out_shape,) if isinstance(out_shape, int) else tuple(out_shape)
     self.out_shape = out_shape
     self.compute_dtype = dtype_of(cfg.dtype)
+    self.out_major = False  # kernel stored [*out, in]: set by `kernels_out_in`
     self.kernel = param(rngs, (in_dim, *out_shape), axes, std=cfg.init_std,
                         dtype=cfg.param_dtype)
     self.bias = (param(rngs, out_shape, axes[1:], init="zeros", dtype=cfg.param_dtype)
                  if bias else None)
 
+  def in_major(self) -> jax.Array:
+    """The kernel as [in, *out], whichever way it is stored."""
+    w = self.kernel[...]
+    return jnp.moveaxis(w, -1, 0) if self.out_major else w
+
   def __call__(self, x: jax.Array) -> jax.Array:
     w = self.kernel[...].astype(self.compute_dtype)
-    y = jnp.tensordot(x.astype(self.compute_dtype), w, axes=((x.ndim - 1,), (0,)))
+    x = x.astype(self.compute_dtype)
+    if self.out_major:
+      y = matmul_out_in(x, w.reshape(-1, w.shape[-1])).reshape(*x.shape[:-1], *self.out_shape)
+    else:
+      y = jnp.tensordot(x, w, axes=((x.ndim - 1,), (0,)))
     if self.bias is not None:
       y = y + self.bias[...].astype(self.compute_dtype)
     return y
+
+
+def kernels_out_in(model: nnx.Module) -> None:
+  """Stores every Dense kernel of `model` output-major ([in, *out] -> [*out, in]), in place.
+
+  The rollout engine does this on CPU once per call, before its decode loop, so every decode
+  step takes `matmul_out_in`'s blocked product (XLA does not hoist a transpose out of the loop
+  itself). It holds a second copy of those weights for the call. Same products, summed in a
+  different order: results agree to rounding, not bit for bit.
+  """
+  for _, module in model.iter_modules():
+    if isinstance(module, Dense) and not module.out_major:
+      # The barrier materialises the transpose: folded into the products instead, it undoes
+      # the layout (and XLA:CPU has no bf16 x bf16 -> fp32 product on a transposed operand).
+      module.kernel.value = jax.lax.optimization_barrier(jnp.moveaxis(module.kernel[...], 0, -1))
+      module.out_major = True
 
 
 class RMSNorm(nnx.Module):
@@ -104,7 +171,7 @@ class Embed(nnx.Module):
 
   def attend(self, x: jax.Array) -> jax.Array:
     """Tied LM head: logits = x @ E^T."""
-    return jnp.einsum("...d,vd->...v", x, self.embedding[...].astype(x.dtype))
+    return matmul_out_in(x, self.embedding[...].astype(x.dtype))
 
 
 class MLP(nnx.Module):

@@ -42,6 +42,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+import kernels
+from models import layers
 from models import sharding as sharding_lib
 from models.padding import round_up
 from rl.rollout import fp8
@@ -158,6 +160,8 @@ def _engine_fn(graphdef, spec: _EngineSpec):
     _TRACES[(graphdef, spec, context_ids.shape)] += 1
     # An FP8 sampler state (rl/rollout/fp8.py) enters as codes + scales and is dequantised here.
     model = nnx.merge(graphdef, fp8.dequantize_state(state))
+    if kernels.platform() == "cpu":  # the blocked decode products (models/layers.py)
+      layers.kernels_out_in(model)
     cfg = model.cfg
     n_seqs, prompt_width = context_ids.shape
     width = prompt_width + spec.new_tokens

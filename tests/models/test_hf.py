@@ -162,6 +162,22 @@ def test_bench_side_by_side_agrees_with_generate(ckpt_root):
   assert "host copy bandwidth" in report
 
 
+def test_bench_peer_in_another_interpreter(ckpt_root):
+  """--peer_python: the hf peer served from another interpreter (here this one, in a
+  subprocess, as vLLM's own virtual environment would be) gives the tokens generate gives in
+  process, and the report names the peer's own package versions."""
+  import sys
+  from launch.bench_rollout import side_by_side
+  lines = []
+  rows = side_by_side(hf_checkpoint("qwen2", ckpt_root), [2], prompt_len=8, response_len=8,
+                      compare=["hf"], greedy=True, repeats=1, peer_python=sys.executable,
+                      log=lines.append)
+  assert [r["system"] for r in rows] == ["seedrl", "hf"]
+  assert rows[1]["agreement"] == 1.0, rows[1]
+  report = "\n".join(lines)
+  assert f"hf in its own interpreter: torch {torch.__version__}" in report, report
+
+
 @pytest.mark.parametrize("family", ["qwen2", "deepseek_v32"])
 def test_export_round_trip(family, ckpt_root, tmp_path):
   """Our save_pretrained -> transformers from_pretrained -> the same logits."""

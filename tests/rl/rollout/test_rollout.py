@@ -303,3 +303,19 @@ def test_expert_parallel_generation_equals_unsharded(name):
   np.testing.assert_array_equal(np.asarray(traj.tokens), np.asarray(reference.tokens))
   np.testing.assert_array_equal(np.asarray(traj.routing), np.asarray(reference.routing))
   np.testing.assert_allclose(traj.logp_old, reference.logp_old, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_bf16_engine_on_cpu_matches_the_bf16_trainer(rows):
+  """A bf16 model decodes through the engine's CPU products (output-major kernels, fp32
+  accumulation, a single row padded to two) at 1 and 4 rows, and its log-probs are the bf16
+  trainer's to bf16 rounding. Without the barrier that materialises the transposed kernels,
+  XLA folds the transpose into a bf16 x bf16 -> fp32 product XLA:CPU cannot run."""
+  graphdef, state = tiny("tiny_dense", dtype="bfloat16", param_dtype="bfloat16")
+  prompts = PROMPTS[:rows]
+  traj = trajectories.generate(graphdef, state, prompts, jax.random.key(4), PLAIN_CFG)
+  logp = trainer_logprobs_fn(graphdef, 1.0)(state, jnp.asarray(traj.tokens), None, None)[0]
+  mask = np.asarray(traj.response_mask, bool)
+  assert mask.sum() > 0
+  np.testing.assert_allclose(np.asarray(logp)[mask], np.asarray(traj.logp_old)[mask], atol=0.05,
+                             rtol=0)
