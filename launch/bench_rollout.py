@@ -262,14 +262,16 @@ def host_line(system_names, peer_versions: dict[str, dict[str, str]] | None = No
     with open("/proc/cpuinfo") as f:
       cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
                  cpu)
-  packages = ["jax", "torch", "transformers"] + [s for s in ("vllm", "tunix") if s in system_names]
+  peer_versions = peer_versions or {}
+  packages = ["jax", "torch", "transformers"] + [
+      s for s in ("vllm", "tunix") if s in system_names and s not in peer_versions]
   versions = []
   for package in packages:
     try:
       versions.append(f"{package} {importlib.metadata.version(package)}")
     except importlib.metadata.PackageNotFoundError:
       versions.append(f"{package} not installed")
-  for name, found in (peer_versions or {}).items():
+  for name, found in peer_versions.items():
     listed = ", ".join(f"{package} {version}" for package, version in found.items())
     versions.append(f"{name} in its own interpreter: {listed}")
   return (f"host: {cpu}, nproc {len(os.sched_getaffinity(0))}; {', '.join(versions)}; "

