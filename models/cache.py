@@ -1,12 +1,15 @@
 """Fixed-shape KV cache for incremental decoding (prefill + one-token steps).
 
 The cache is a plain pytree so it crosses `jax.jit` and `lax.while_loop` boundaries:
-`{"lengths": int32 [B], "layers": ({name: array [B, S, ...]}, ...)}`. Row b holds
+`{"lengths": int32 [B], "layers": ({name: array [B, ..., S, C]}, ...)}`: the slot axis S is
+second to last in every array. Row b holds
 `lengths[b]` valid tokens in slots [0, lengths[b]); a call with T new tokens writes them at
 slots lengths[b] + t (their absolute positions) and attends to slots <= that position, so rows
 with prompts of different lengths decode together without recompiling.
 
-Per layer: GQA keeps "k" and "v" [B, S, KVH, Dh]; MLA keeps the normalised kv latent and the
+Per layer: GQA keeps "k" and "v" head-major [B, KVH, S, Dh] (attention reads each head's keys
+as one contiguous [S, Dh] block; token-major storage made XLA:CPU copy the whole cache into that
+layout every decode step); MLA keeps the normalised kv latent and the
 roped shared key concatenated, "latent" [B, S, kv_lora + rope] (576-d at DeepSeek scale); DSA
 adds the indexer keys "index_k" [B, S, DI].
 """
@@ -26,7 +29,7 @@ Cache = dict[str, Any]
 
 def layer_cache_shapes(cfg: ModelConfig, batch: int, max_len: int) -> dict[str, tuple]:
   if cfg.attention == "gqa":
-    shape = (batch, max_len, cfg.kv_heads, cfg.gqa_head_dim)
+    shape = (batch, cfg.kv_heads, max_len, cfg.gqa_head_dim)
     return {"k": shape, "v": shape}
   shapes = {"latent": (batch, max_len, cfg.kv_lora_rank + cfg.qk_rope_head_dim)}
   if cfg.dsa:
@@ -51,15 +54,19 @@ def cache_bytes(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = 
 
 
 def write(buffer: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-  """Writes new [B, T, ...] into buffer [B, S, ...] at slots start[b] + t (past S: dropped)."""
+  """Writes new [B, T, ..., C] into buffer [B, ..., S, C] at slots start[b] + t (past S:
+  dropped). `new` is token-major (as projections give it); the buffer's slot axis is -2."""
   batch, steps = new.shape[:2]
-  slots = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None, :]
-  rows = jnp.broadcast_to(jnp.arange(batch)[:, None], slots.shape)
   new = new.astype(buffer.dtype)
   if steps == 1 and buffer.dtype.itemsize == 2 and kernels.platform() == "cpu":
     # A decode step on CPU selects instead: XLA:CPU scatters into bf16 / fp16 by converting
     # the whole buffer to fp32 and back (a bf16 Qwen2.5-0.5B-shaped step at 128 rows: ~470 ms
     # with the scatter, ~390 ms with this select). Slots past S match nothing: dropped.
-    hit = jnp.arange(buffer.shape[1])[None, :] == start[:, None]
-    return jnp.where(hit.reshape(*hit.shape, *([1] * (buffer.ndim - 2))), new, buffer)
-  return buffer.at[rows, slots].set(new, mode="drop")
+    hit = jnp.arange(buffer.shape[-2])[None, :] == start[:, None]  # [B, S]
+    hit = hit.reshape(batch, *([1] * (buffer.ndim - 3)), buffer.shape[-2], 1)
+    return jnp.where(hit, jnp.moveaxis(new, 1, -2), buffer)
+  slots = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None, :]
+  rows = jnp.broadcast_to(jnp.arange(batch)[:, None], slots.shape)
+  # Advanced indices split by slices put their [B, T] dims first: the indexed view is [B, T, ..., C].
+  index = (rows,) + (slice(None),) * (buffer.ndim - 3) + (slots,)
+  return buffer.at[index].set(new, mode="drop")

@@ -44,8 +44,9 @@ DECODE_ROWS = 64
 _OUT_BLOCKS = (128, 64)
 
 
-def matmul_out_in(x: jax.Array, w: jax.Array) -> jax.Array:
-  """x [..., in] times w [out, in] (the weight stored output-major) -> [..., out], in x's dtype.
+def matmul_out_in(x: jax.Array, w: jax.Array, dtype=None) -> jax.Array:
+  """x [..., in] times w [out, in] (the weight stored output-major) -> [..., out], in `dtype`
+  (default x's dtype; the LM head asks for fp32 logits, accumulated and not rounded to bf16).
 
   On TPU and GPU this is one einsum. On CPU, where XLA's GEMM choices decide decode speed
   (measured on a Qwen2.5-0.5B-shaped layer stack, docs/performance.md):
@@ -58,7 +59,7 @@ def matmul_out_in(x: jax.Array, w: jax.Array) -> jax.Array:
     and a single row is padded to two, which its bf16 single-row path is equally slow at.
   """
   if kernels.platform() != "cpu":
-    return jnp.einsum("...i,oi->...o", x, w)
+    return jnp.einsum("...i,oi->...o", x, w, preferred_element_type=dtype)
   lead, (out, width) = x.shape[:-1], w.shape
   rows = math.prod(lead)
   x2 = x.reshape(rows, width)
@@ -75,7 +76,7 @@ def matmul_out_in(x: jax.Array, w: jax.Array) -> jax.Array:
     y = jnp.einsum("mi,oi->mo", x2, w, **options)
   if x2.shape[0] != rows:  # the barrier keeps XLA from slicing the padding off the operand
     y = jax.lax.optimization_barrier(y)[:rows]
-  return y.astype(x.dtype).reshape(*lead, out)
+  return y.astype(dtype or x.dtype).reshape(*lead, out)
 
 
 class Dense(nnx.Module):
@@ -98,15 +99,17 @@ class Dense(nnx.Module):
     w = self.kernel[...]
     return jnp.moveaxis(w, -1, 0) if self.out_major else w
 
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, dtype=None) -> jax.Array:
+    """x [..., in] -> [..., *out] in `dtype` (default the compute dtype; fp32 for logits)."""
     w = self.kernel[...].astype(self.compute_dtype)
     x = x.astype(self.compute_dtype)
     if self.out_major:
-      y = matmul_out_in(x, w.reshape(-1, w.shape[-1])).reshape(*x.shape[:-1], *self.out_shape)
+      y = matmul_out_in(x, w.reshape(-1, w.shape[-1]), dtype)
+      y = y.reshape(*x.shape[:-1], *self.out_shape)
     else:
-      y = jnp.tensordot(x, w, axes=((x.ndim - 1,), (0,)))
+      y = jnp.tensordot(x, w, axes=((x.ndim - 1,), (0,)), preferred_element_type=dtype)
     if self.bias is not None:
-      y = y + self.bias[...].astype(self.compute_dtype)
+      y = y + self.bias[...].astype(y.dtype)
     return y
 
 
@@ -170,8 +173,9 @@ class Embed(nnx.Module):
     return jnp.take(self.embedding[...], tokens, axis=0).astype(self.compute_dtype)
 
   def attend(self, x: jax.Array) -> jax.Array:
-    """Tied LM head: logits = x @ E^T."""
-    return matmul_out_in(x, self.embedding[...].astype(x.dtype))
+    """Tied LM head: fp32 logits = x @ E^T (the product accumulated in fp32, not rounded to
+    x's dtype first)."""
+    return matmul_out_in(x, self.embedding[...].astype(x.dtype), jnp.float32)
 
 
 class MLP(nnx.Module):

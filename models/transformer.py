@@ -126,7 +126,7 @@ class Transformer(nnx.Module):
     if cache is not None:
       start = cache["lengths"]
       positions = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None, :]
-      key_len = cache["layers"][0][next(iter(cache["layers"][0]))].shape[1]
+      key_len = cache["layers"][0][next(iter(cache["layers"][0]))].shape[-2]
       mask = jnp.arange(key_len)[None, None, :] <= positions[:, :, None]
     else:
       start = None
@@ -180,9 +180,9 @@ class Transformer(nnx.Module):
     if cfg.head == "scalar":
       values = self.head(x)[..., 0].astype(jnp.float32)
     elif self.head is None:
-      logits = self.embed.attend(x).astype(jnp.float32)
+      logits = self.embed.attend(x)
     else:
-      logits = self.head(x).astype(jnp.float32)
+      logits = self.head(x, jnp.float32)
 
     new_cache = None
     if cache is not None:

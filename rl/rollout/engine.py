@@ -137,9 +137,11 @@ class _EngineSpec:
 # ------------------------------------------------------------------------------ Engine
 
 def _scatter_cache_rows(cache: dict, rows: dict, slots: jax.Array) -> dict:
-  """Copies prefill cache rows [R, P, ...] into slots [R] of the big cache (slot S: dropped)."""
-  width = rows["layers"][0][next(iter(rows["layers"][0]))].shape[1]
-  layers = tuple({name: big.at[slots, :width].set(rows_layer[name].astype(big.dtype), mode="drop")
+  """Copies prefill cache rows [R, ..., P, C] into slots [R] of the big cache [S, ..., W, C]
+  (slot S: dropped)."""
+  width = rows["layers"][0][next(iter(rows["layers"][0]))].shape[-2]
+  layers = tuple({name: big.at[slots, ..., :width, :].set(rows_layer[name].astype(big.dtype),
+                                                          mode="drop")
                   for name, big in big_layer.items()}
                  for big_layer, rows_layer in zip(cache["layers"], rows["layers"]))
   lengths = cache["lengths"].at[slots].set(rows["lengths"], mode="drop")

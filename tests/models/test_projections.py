@@ -1,7 +1,9 @@
-"""The projection products the rollout engine decodes with on CPU (models/layers.py):
+"""The products the rollout engine decodes with on CPU. Projections (models/layers.py):
 `matmul_out_in` (blocked over the output at few rows, bf16 accumulated in fp32) against one
 fp32 einsum; the blocked form is what a CPU decode step traces and not what a TPU program
-does; `kernels_out_in` leaves every model's forward unchanged to rounding."""
+does; `kernels_out_in` leaves every model's forward unchanged to rounding. Attention
+(models/attention.py, models/cache.py): the one-query-row multiply-and-reduce against the
+float64 softmax and the dot path, over the head-major KV cache `cache.write` fills."""
 
 import functools
 
@@ -12,7 +14,9 @@ import pytest
 from flax import nnx
 
 import kernels
+from models import cache as cache_lib
 from models import layers
+from models.attention import grouped_attention
 from models.layers import Dense
 from models.transformer import build
 
@@ -70,3 +74,54 @@ def test_kernels_out_in_keeps_the_forward(name):
   for tokens in (jnp.array([[5]]), jnp.arange(1, 13)[None]):
     np.testing.assert_allclose(logits(state, tokens, True), logits(state, tokens, False),
                                atol=2e-5, rtol=0)
+
+
+def _attention_reference(q, k, v, mask, scale):
+  """float64 GQA: q [B,T,H,D], head-major k / v [B,KVH,S,D], mask [B,T,S]."""
+  q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+  group = q.shape[2] // k.shape[1]
+  k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+  logits = np.einsum("bthd,bhsd->bhts", q, k) * scale
+  logits = np.where(np.asarray(mask)[:, None], logits, -np.inf)
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  return np.einsum("bhts,bhsd->bthd", probs, v)
+
+
+@pytest.mark.parametrize("dtype,atol", [("float32", 1e-5), ("bfloat16", 0.03)])
+def test_decode_attention_matches_float64_and_the_dot_path(dtype, atol):
+  """One query row (a decode step) on CPU takes the fused multiply-and-reduce; it equals the
+  float64 softmax attention and the dot path that prefill and TPU programs take, with rows
+  filled to different lengths (masked slots must not count)."""
+  rng = np.random.default_rng(0)
+  batch, heads, kv_heads, slots, dim = 3, 6, 2, 40, 16
+  q = jnp.asarray(rng.normal(size=(batch, 1, heads, dim)), dtype)
+  k = jnp.asarray(rng.normal(size=(batch, kv_heads, slots, dim)), dtype)
+  v = jnp.asarray(rng.normal(size=(batch, kv_heads, slots, dim)), dtype)
+  mask = jnp.arange(slots)[None, None, :] < jnp.array([1, 17, 40])[:, None, None]
+  fused = grouped_attention(q, k, v, mask, 0.25)
+  with kernels.target_platform("tpu"):  # the traced dot path, run here on CPU
+    dotted = grouped_attention(q, k, v, mask, 0.25)
+  jaxpr = str(jax.make_jaxpr(lambda *a: grouped_attention(*a, 0.25))(q, k, v, mask))
+  assert "dot_general" not in jaxpr
+  want = _attention_reference(q, k, v, mask, 0.25)
+  np.testing.assert_allclose(np.asarray(fused, np.float64), want, atol=atol)
+  np.testing.assert_allclose(np.asarray(dotted, np.float64), want, atol=atol)
+
+
+@pytest.mark.parametrize("dtype,steps", [("bfloat16", 1), ("float32", 1), ("float32", 3)])
+def test_cache_write_fills_head_major_slots(dtype, steps):
+  """`cache.write` puts token-major rows [B, T, KVH, D] at slots start[b] + t of a head-major
+  cache [B, KVH, S, D] (the bf16 one-token CPU select and the scatter alike) and drops what
+  falls past the end."""
+  rng = np.random.default_rng(1)
+  buf = jnp.asarray(rng.normal(size=(3, 2, 6, 4)), dtype)
+  new = jnp.asarray(rng.normal(size=(3, steps, 2, 4)), dtype)
+  start = np.array([0, 4, 5])
+  out = np.asarray(cache_lib.write(buf, new, jnp.asarray(start)), np.float32)
+  want = np.asarray(buf, np.float32).copy()
+  for b in range(3):
+    for t in range(steps):
+      if start[b] + t < 6:
+        want[b, :, start[b] + t] = np.asarray(new, np.float32)[b, t]
+  np.testing.assert_array_equal(out, want)

@@ -160,3 +160,65 @@ def test_bad_arguments_name_the_value():
     sampling.sampling_logprobs(LOGITS, temperature=1.0, top_p=1.5)
   with pytest.raises(ValueError, match="top_k=-1"):
     sampling.sampling_logprobs(LOGITS, temperature=1.0, top_k=-1)
+
+
+def sparse_weights(vocab, seed):
+  """Weights over `vocab` ids with runs of zeros: whole zero groups, zeros on group edges and
+  at both ends of the vocabulary (the cases a two-level inverse CDF can get wrong)."""
+  rng = np.random.default_rng(seed)
+  w = rng.gamma(0.5, size=vocab)
+  w[rng.random(vocab) < 0.4] = 0.0
+  width = -(-vocab // 128)
+  w[:width] = 0.0
+  w[5 * width:9 * width] = 0.0
+  w[-3:] = 0.0
+  return w
+
+
+@pytest.mark.parametrize("vocab", [300, 1000, 4099])
+def test_draw_frequencies_over_many_groups(vocab):
+  """`sampling.draw` (one uniform per row through group masses, then inside the group)
+  draws each id with probability weight / sum on vocabularies of several ids per group and
+  a ragged last group; ids of weight 0 never come out."""
+  w = sparse_weights(vocab, vocab)
+  keys = jax.random.split(jax.random.key(3), DRAWS)
+  tokens = np.asarray(jax.jit(sampling.draw)(keys, jnp.broadcast_to(jnp.asarray(w, jnp.float32),
+                                                                   (DRAWS, vocab))))
+  assert chi_square_pvalue(tokens, w) > 1e-3
+
+
+def test_inverse_cdf_edges_land_on_positive_weights():
+  """u at 0 gives the first id of positive weight and u just below 1 (or at 1, where rounding
+  of the cumulative sums can carry a draw) the last: never an id of weight 0, with masses
+  spanning 1e-30..1e3 in one row."""
+  rows = []
+  for seed in range(6):
+    w = sparse_weights(1000, seed)
+    w[np.nonzero(w)[0][::2]] *= 1e-30
+    rows.append(w)
+  w = jnp.asarray(np.stack(rows), jnp.float32)
+  for u, pick in ((0.0, lambda nz: nz[0]), (1.0, lambda nz: nz[-1]),
+                  (np.nextafter(np.float32(1), np.float32(0)), lambda nz: nz[-1])):
+    ids = np.asarray(sampling.inverse_cdf(w, jnp.full((w.shape[0],), u, jnp.float32)))
+    for row, i in zip(np.asarray(w), ids):
+      assert row[i] > 0
+      assert i == pick(np.nonzero(row)[0]) or row[pick(np.nonzero(row)[0])] < 1e-20
+  u = jax.random.uniform(jax.random.key(0), (2000,))
+  ids = np.asarray(sampling.inverse_cdf(jnp.repeat(w, 2000 // w.shape[0] + 1, 0)[:2000], u))
+  weights = np.asarray(jnp.repeat(w, 2000 // w.shape[0] + 1, 0)[:2000])
+  assert (weights[np.arange(2000), ids] > 0).all()
+
+
+def test_two_level_argmax_is_jnp_argmax():
+  """`sampling.argmax` returns jnp.argmax's index: the first of tied maxima, rows of -inf
+  giving 0, a lone finite id among -inf, on vocabularies with a ragged last group."""
+  rng = np.random.default_rng(0)
+  for vocab in (7, 128, 1000, 4099):
+    x = rng.integers(-3, 3, size=(64, vocab)).astype(np.float32)  # many ties
+    x[1] = -np.inf
+    x[2, :] = -np.inf
+    x[2, vocab // 2] = -1e30
+    x[3, :] = -np.inf
+    x[3, -1] = 5.0
+    np.testing.assert_array_equal(np.asarray(sampling.argmax(jnp.asarray(x))),
+                                  np.asarray(jnp.argmax(jnp.asarray(x), axis=-1)))
