@@ -25,7 +25,7 @@ import kernels
 from models import cache as cache_lib
 from models.config import ModelConfig
 from models.dsa import INDEXER_STAGES, Indexer, indexer_loss
-from models.layers import Dense, RMSNorm, apply_rope, dtype_of, param
+from models.layers import Dense, RMSNorm, apply_rope, dtype_of, matmul_out_in, param, stored
 
 
 class OutProj(nnx.Module):
@@ -35,10 +35,17 @@ class OutProj(nnx.Module):
     self.compute_dtype = dtype_of(cfg.dtype)
     self.kernel = param(rngs, (n_heads, head_dim, cfg.d_model), ("heads", "kv", "embed"),
                         std=cfg.init_std, dtype=cfg.param_dtype)
+    self.out_major = False  # kernel stored [d_model, heads, head_dim]: `kernels_out_in`
+
+  def store_out_major(self) -> None:
+    self.kernel.value = stored(jnp.moveaxis(self.kernel[...], -1, 0))
+    self.out_major = True
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    return jnp.einsum("bthv,hvd->btd", x.astype(self.compute_dtype),
-                      self.kernel[...].astype(self.compute_dtype))
+    x, w = x.astype(self.compute_dtype), self.kernel[...].astype(self.compute_dtype)
+    if self.out_major:  # as one [.., H * Dv] x [d_model, H * Dv] product (a decode step on CPU)
+      return matmul_out_in(x.reshape(*x.shape[:-2], -1), w.reshape(w.shape[0], -1))
+    return jnp.einsum("bthv,hvd->btd", x, w)
 
 
 def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:

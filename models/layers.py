@@ -94,6 +94,10 @@ class Dense(nnx.Module):
     self.bias = (param(rngs, out_shape, axes[1:], init="zeros", dtype=cfg.param_dtype)
                  if bias else None)
 
+  def store_out_major(self) -> None:
+    self.kernel.value = stored(jnp.moveaxis(self.kernel[...], 0, -1))
+    self.out_major = True
+
   def in_major(self) -> jax.Array:
     """The kernel as [in, *out], whichever way it is stored."""
     w = self.kernel[...]
@@ -114,7 +118,8 @@ class Dense(nnx.Module):
 
 
 def kernels_out_in(model: nnx.Module) -> None:
-  """Stores every Dense kernel of `model` output-major ([in, *out] -> [*out, in]), in place.
+  """Stores every Dense and attention output projection kernel of `model` output-major
+  ([in, *out] -> [*out, in]), in place.
 
   The rollout engine does this on CPU once per call, before its decode loop, so every decode
   step takes `matmul_out_in`'s blocked product (XLA does not hoist a transpose out of the loop
@@ -122,11 +127,14 @@ def kernels_out_in(model: nnx.Module) -> None:
   different order: results agree to rounding, not bit for bit.
   """
   for _, module in model.iter_modules():
-    if isinstance(module, Dense) and not module.out_major:
-      # The barrier materialises the transpose: folded into the products instead, it undoes
-      # the layout (and XLA:CPU has no bf16 x bf16 -> fp32 product on a transposed operand).
-      module.kernel.value = jax.lax.optimization_barrier(jnp.moveaxis(module.kernel[...], 0, -1))
-      module.out_major = True
+    if getattr(module, "out_major", None) is False:  # Dense, attention's OutProj
+      module.store_out_major()
+
+
+def stored(kernel: jax.Array) -> jax.Array:
+  """A re-laid-out kernel, materialised: folded into the products instead, the transpose would
+  undo the layout (and XLA:CPU has no bf16 x bf16 -> fp32 product on a transposed operand)."""
+  return jax.lax.optimization_barrier(kernel)
 
 
 class RMSNorm(nnx.Module):

@@ -16,7 +16,7 @@ from flax import nnx
 import kernels
 from models import cache as cache_lib
 from models import layers
-from models.attention import grouped_attention
+from models.attention import OutProj, grouped_attention
 from models.layers import Dense
 from models.transformer import build
 
@@ -59,8 +59,9 @@ def test_cpu_decode_rows_take_the_blocked_product_and_tpu_programs_do_not():
 
 @pytest.mark.parametrize("name", ["tiny_dense", "tiny_mla"])
 def test_kernels_out_in_keeps_the_forward(name):
-  """The engine's output-major kernels (every Dense transposed, MLA's absorbed wkv_b read back
-  through `in_major`) give the same logits as the stored layout, at 1 row and at 12."""
+  """The engine's output-major kernels (every Dense and attention output projection transposed,
+  MLA's absorbed wkv_b read back through `in_major`) give the same logits as the stored
+  layout, at 1 row and at 12."""
   graphdef, state = nnx.split(build(name, seed=3))
 
   @functools.partial(jax.jit, static_argnums=2)
@@ -68,7 +69,7 @@ def test_kernels_out_in_keeps_the_forward(name):
     model = nnx.merge(graphdef, state)
     if out_major:
       layers.kernels_out_in(model)
-      assert all(m.out_major for _, m in model.iter_modules() if isinstance(m, Dense))
+      assert all(m.out_major for _, m in model.iter_modules() if isinstance(m, (Dense, OutProj)))
     return model.forward(tokens).logits
 
   for tokens in (jnp.array([[5]]), jnp.arange(1, 13)[None]):
