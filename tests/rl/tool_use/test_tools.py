@@ -268,7 +268,9 @@ def test_engine_pauses_and_resumes_without_changing_the_samples(tiny_model):
   whole, whole_rounds = run(-1)
   mask = np.asarray(whole.response_mask).astype(bool)
   sampled = np.asarray(whole.tokens)[mask]
-  paused, paused_rounds = run(int(np.bincount(sampled).argmax()))
+  counts = np.bincount(sampled, minlength=max(TOKENIZER.stop_ids) + 1)
+  counts[list(TOKENIZER.stop_ids)] = 0  # pausing at a final stop id would end the episode instead
+  paused, paused_rounds = run(int(counts.argmax()))
   runner.close()
   assert paused_rounds > whole_rounds == 2  # one round per wave, then the resumed ones
   np.testing.assert_array_equal(paused.tokens, whole.tokens)
