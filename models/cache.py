@@ -46,6 +46,12 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = N
   return {"lengths": jnp.zeros((batch,), jnp.int32), "layers": layers}
 
 
+def slot_count(cache: Cache) -> int:
+  """S: the slots each row of `cache` holds (the second-to-last axis of every array)."""
+  first = cache["layers"][0]
+  return first[next(iter(first))].shape[-2]
+
+
 def cache_bytes(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = None) -> int:
   itemsize = jnp.dtype(dtype or cfg.dtype).itemsize
   per_layer = sum(int(jnp.prod(jnp.array(s))) for s in

@@ -126,7 +126,7 @@ class Transformer(nnx.Module):
     if cache is not None:
       start = cache["lengths"]
       positions = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None, :]
-      key_len = cache["layers"][0][next(iter(cache["layers"][0]))].shape[-2]
+      key_len = cache_lib.slot_count(cache)
       mask = jnp.arange(key_len)[None, None, :] <= positions[:, :, None]
     else:
       start = None

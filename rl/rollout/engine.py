@@ -43,6 +43,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 import kernels
+from models import cache as cache_lib
 from models import layers
 from models import sharding as sharding_lib
 from models.padding import round_up
@@ -139,7 +140,7 @@ class _EngineSpec:
 def _scatter_cache_rows(cache: dict, rows: dict, slots: jax.Array) -> dict:
   """Copies prefill cache rows [R, ..., P, C] into slots [R] of the big cache [S, ..., W, C]
   (slot S: dropped)."""
-  width = rows["layers"][0][next(iter(rows["layers"][0]))].shape[-2]
+  width = cache_lib.slot_count(rows)
   layers = tuple({name: big.at[slots, ..., :width, :].set(rows_layer[name].astype(big.dtype),
                                                           mode="drop")
                   for name, big in big_layer.items()}
