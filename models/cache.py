@@ -52,6 +52,13 @@ def slot_count(cache: Cache) -> int:
   return first[next(iter(first))].shape[-2]
 
 
+def widen(cache: Cache, max_len: int) -> Cache:
+  """`cache` with every row's slots extended to `max_len` (new slots empty, lengths kept)."""
+  def pad(x):
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, max_len - x.shape[-2]), (0, 0)])
+  return {"lengths": cache["lengths"], "layers": jax.tree.map(pad, cache["layers"])}
+
+
 def cache_bytes(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = None) -> int:
   itemsize = jnp.dtype(dtype or cfg.dtype).itemsize
   per_layer = sum(int(jnp.prod(jnp.array(s))) for s in

@@ -195,6 +195,12 @@ class MLP(nnx.Module):
     self.down = Dense(hidden, cfg.d_model, ("mlp", "embed"), cfg, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
+    if kernels.platform() == "cpu":
+      # silu(gate) * up straight from the products' fp32 accumulators, rounded once: XLA:CPU
+      # fuses it into one pass, where rounding gate and up to bf16 first costs two more
+      # (Qwen2.5-0.5B shape, bf16, 8192 prompt tokens: 318 -> 274 ms per layer).
+      hidden = jax.nn.silu(self.gate(x, jnp.float32)) * self.up(x, jnp.float32)
+      return self.down(hidden.astype(self.down.compute_dtype))
     return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
 
 

@@ -51,8 +51,9 @@ def activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1
   loss (+-2x: XLA fusion decides what is really saved).
 
   Per layer without rematerialisation: ~6 d-wide residual / norm tensors; the attention
-  projections (q, k, v, output, MLA latents); the attention logits and probabilities in fp32
-  plus a compute-dtype copy over every key (dense attention materialises [heads, T, T]) or over
+  projections (q, k, v, output, MLA latents); the attention probabilities in fp32 (softmax's
+  backward reads its output, not the logits) plus the compute-dtype copy the value product
+  reads, over every key (dense attention materialises [heads, T, T]) or over
   the top-k keys under DSA (none with the compiled TPU / GPU kernels, which keep a log-sum-exp);
   the feed-forward's gate, up and product (k routed + shared experts for MoE, plus the
   dispatched token copies). Then the fp32 logits, log-probs, probabilities and logit gradients
@@ -109,7 +110,7 @@ def _layer_activation_bytes(cfg: ModelConfig, layer: int, length: int, tensor: i
       wide = h * (2 * cfg.qk_head_dim + 2 * cfg.v_head_dim)
       keys = length
     proj = latent * b + wide * b / tensor
-  scores = (8 + b) * h * keys / tensor + (4 * h + 4 * cfg.index_topk if cfg.dsa else 0)
+  scores = (4 + b) * h * keys / tensor + (4 * h + 4 * cfg.index_topk if cfg.dsa else 0)
   if cfg.is_moe_layer(layer):
     experts = cfg.n_experts_per_tok + cfg.n_shared_experts
     ffn = (3 * experts * cfg.moe_mlp_dim * b / tensor + 2 * cfg.n_experts_per_tok * d * b

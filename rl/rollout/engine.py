@@ -178,8 +178,9 @@ def _engine_fn(graphdef, spec: _EngineSpec):
       return jax.tree.map(constrain, model.init_cache(rows, length)) if rows == slots else (
           model.init_cache(rows, length))
 
+    widths = cache_widths(prompt_width, spec.new_tokens)
     carry = {
-        "cache": init_cache(slots, width),
+        "cache": init_cache(slots, widths[0]),
         "slot_seq": constrain(jnp.full((slots,), free, jnp.int32)),
         "slot_count": constrain(jnp.zeros((slots,), jnp.int32)),
         "slot_new": constrain(jnp.zeros((slots,), jnp.int32)),
@@ -267,7 +268,20 @@ def _engine_fn(graphdef, spec: _EngineSpec):
     def running(c):
       return jnp.any(c["slot_seq"] < free) | (c["queue"] < n_real)
 
-    carry = jax.lax.while_loop(running, step, carry)
+    # The cache grows through `widths` slots: a step's attention and cache write cost scale
+    # with the cache's width, so early steps run on a narrower cache. A phase ends when an
+    # occupied slot's next token would not fit (refills start at <= prompt_width < widths[0]).
+    for i, cache_width in enumerate(widths):
+      if i:
+        carry["cache"] = jax.tree.map(constrain, cache_lib.widen(carry["cache"], cache_width))
+
+      def fits(c, cache_width=cache_width):
+        occupied = c["slot_seq"] < free
+        return jnp.all(jnp.where(occupied, c["cache"]["lengths"], 0) < cache_width)
+
+      last = i == len(widths) - 1
+      carry = jax.lax.while_loop(
+          running if last else (lambda c, fits=fits: running(c) & fits(c)), step, carry)
 
     positions = jnp.arange(width, dtype=jnp.int32)[None, :]
     response = ((positions >= context_lens[:, None])
@@ -288,6 +302,14 @@ def _engine_fn(graphdef, spec: _EngineSpec):
     return {k: v if v.ndim == 0 else constrain(v) for k, v in result.items()}
 
   return run
+
+
+def cache_widths(prompt_width: int, new_tokens: int) -> tuple[int, ...]:
+  """The KV cache widths one engine call decodes through: prompt + 1/4, 2/4, 3/4 and all of
+  the new tokens (one width below 128 new tokens: each width compiles its own decode step).
+  """
+  phases = 4 if new_tokens >= 128 else 1
+  return tuple(prompt_width + -(-new_tokens * j // phases) for j in range(1, phases + 1))
 
 
 @functools.lru_cache(maxsize=64)

@@ -319,3 +319,30 @@ def test_bf16_engine_on_cpu_matches_the_bf16_trainer(rows):
   assert mask.sum() > 0
   np.testing.assert_allclose(np.asarray(logp)[mask], np.asarray(traj.logp_old)[mask], atol=0.05,
                              rtol=0)
+
+
+@pytest.mark.parametrize("name", ["tiny_qwen3_moe", "tiny_moe_mla_dsa"])
+def test_growing_cache_widths_do_not_change_the_samples(name, monkeypatch):
+  """Decoding through a cache that grows in phases (prompt + 2, 5, 7, then all 10 new tokens'
+  slots) gives the tokens, routing, kept ids and log-probs (fp32, <= 1e-6) of one full-width
+  cache, for continuous batching with refills in every phase, GQA and MLA+DSA; the engine's own
+  rule grows the cache on CPU from 128 new tokens."""
+  assert len(engine.cache_widths(64, 128)) == 4 and engine.cache_widths(64, 128)[-1] == 192
+  assert engine.cache_widths(8, 10) == (18,)
+  cfg = FULL_CFG.replace(max_prompt_len=9)  # the longest prompt: rows reach every width
+  full, full_stats = generated(name, cfg)
+  engine._compiled_engine.cache_clear()  # the default rule's program is cached: compile anew
+  monkeypatch.setattr(engine, "cache_widths",
+                      lambda prompt, new: tuple(prompt + w for w in (2, 5, 7, new)))
+  graphdef, state = tiny(name)
+  grown, grown_stats = trajectories.generate(graphdef, state, PROMPTS, jax.random.key(0), cfg,
+                                             num_samples=2, policy_version=3,
+                                             return_stats=True)
+  engine._compiled_engine.cache_clear()  # later tests compile the default rule again
+  np.testing.assert_array_equal(np.asarray(grown.tokens), np.asarray(full.tokens))
+  np.testing.assert_array_equal(np.asarray(grown.routing), np.asarray(full.routing))
+  np.testing.assert_array_equal(np.asarray(grown.kept_ids), np.asarray(full.kept_ids))
+  np.testing.assert_allclose(grown.logp_old, full.logp_old, atol=1e-6, rtol=0)
+  assert grown_stats["decode_steps"] == full_stats["decode_steps"]
+  lengths = np.asarray(full.prompt_lens) + np.asarray(full.response_mask).sum(-1)
+  assert lengths.max() > 9 + 5  # some row decoded in the third phase (past two widths)
