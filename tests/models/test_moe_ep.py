@@ -1,4 +1,5 @@
-"""Expert parallelism (models/moe_ep.py) on 8 CPU devices against the dense reference."""
+"""Expert dispatches against the dense reference: expert parallelism (models/moe_ep.py) on 8
+CPU devices, ragged_dot (TPU / GPU) and `cpu_experts` (each of its three forms)."""
 
 import functools
 
@@ -14,16 +15,16 @@ from models.transformer import build
 N_TOKENS, DIM, HIDDEN, N_EXPERTS, TOP_K = 50, 16, 12, 8, 2  # 50: not a multiple of 8 shards
 
 
-def _problem(seed=0):
+def _problem(seed=0, n=N_TOKENS, n_experts=N_EXPERTS):
   keys = jax.random.split(jax.random.key(seed), 6)
-  x = jax.random.normal(keys[0], (N_TOKENS, DIM))
+  x = jax.random.normal(keys[0], (n, DIM))
   # Distinct experts per token, skewed towards low ids so some devices receive far more rows.
-  logits = jax.random.normal(keys[1], (N_TOKENS, N_EXPERTS)) - 0.5 * jnp.arange(N_EXPERTS)
+  logits = jax.random.normal(keys[1], (n, n_experts)) - 0.5 * jnp.arange(n_experts)
   ids = jax.lax.top_k(logits, TOP_K)[1].astype(jnp.int32)
-  weights = jax.random.uniform(keys[2], (N_TOKENS, TOP_K))
-  w_gate = 0.3 * jax.random.normal(keys[3], (N_EXPERTS, DIM, HIDDEN))
-  w_up = 0.3 * jax.random.normal(keys[4], (N_EXPERTS, DIM, HIDDEN))
-  w_down = 0.3 * jax.random.normal(keys[5], (N_EXPERTS, HIDDEN, DIM))
+  weights = jax.random.uniform(keys[2], (n, TOP_K))
+  w_gate = 0.3 * jax.random.normal(keys[3], (n_experts, DIM, HIDDEN))
+  w_up = 0.3 * jax.random.normal(keys[4], (n_experts, DIM, HIDDEN))
+  w_down = 0.3 * jax.random.normal(keys[5], (n_experts, HIDDEN, DIM))
   return x, ids, weights, w_gate, w_up, w_down
 
 
@@ -34,6 +35,15 @@ def _loss(experts, x, ids, weights, w_gate, w_up, w_down):
 def _assert_close(actual, expected, rel=1e-5):
   actual, expected = np.asarray(actual), np.asarray(expected)
   np.testing.assert_allclose(actual, expected, rtol=rel, atol=rel * np.max(np.abs(expected)))
+
+
+def _assert_matches_dense(experts, args, wrt=(0, 2, 3, 4, 5)):
+  """experts(*args) and its gradients w.r.t. `wrt` equal dense_experts' (fp32 rel <= 1e-5)."""
+  _assert_close(jax.jit(experts)(*args), moe.dense_experts(*args))
+  grads = jax.jit(jax.grad(functools.partial(_loss, experts), argnums=wrt))(*args)
+  ref = jax.grad(functools.partial(_loss, moe.dense_experts), argnums=wrt)(*args)
+  for got, want in zip(grads, ref):
+    _assert_close(got, want)
 
 
 def _ragged_all_to_all_by_gather(operand, output, input_offsets, send_sizes, output_offsets,
@@ -64,13 +74,8 @@ def test_padded_all_to_all_matches_dense_forward_and_backward(shape):
   hidden dim sharded over "tensor" and a token count that the mesh does not divide."""
   mesh = sharding_lib.make_mesh(shape)
   args = _problem()
-  ep = functools.partial(moe_ep.expert_parallel_experts, mesh=mesh, impl="padded")
-  _assert_close(jax.jit(ep)(*args), moe.dense_experts(*args))
-  wrt = (0, 2, 3, 4, 5)
-  grads = jax.jit(jax.grad(functools.partial(_loss, ep), argnums=wrt))(*args)
-  ref = jax.grad(functools.partial(_loss, moe.dense_experts), argnums=wrt)(*args)
-  for got, want in zip(grads, ref):
-    _assert_close(got, want)
+  _assert_matches_dense(
+      functools.partial(moe_ep.expert_parallel_experts, mesh=mesh, impl="padded"), args)
 
 
 def test_ragged_path_bookkeeping_matches_dense(monkeypatch):
@@ -81,13 +86,9 @@ def test_ragged_path_bookkeeping_matches_dense(monkeypatch):
   monkeypatch.setattr(jax.lax, "ragged_all_to_all", _ragged_all_to_all_by_gather)
   mesh = sharding_lib.make_mesh({"expert": 4, "fsdp": 2})
   args = _problem(seed=1)
-  ep = functools.partial(moe_ep.expert_parallel_experts, mesh=mesh, impl="ragged")
-  _assert_close(jax.jit(ep)(*args), moe.dense_experts(*args))
-  wrt = (0, 2, 3, 5)
-  grads = jax.jit(jax.grad(functools.partial(_loss, ep), argnums=wrt))(*args)
-  ref = jax.grad(functools.partial(_loss, moe.dense_experts), argnums=wrt)(*args)
-  for got, want in zip(grads, ref):
-    _assert_close(got, want)
+  _assert_matches_dense(
+      functools.partial(moe_ep.expert_parallel_experts, mesh=mesh, impl="ragged"), args,
+      wrt=(0, 2, 3, 5))
 
 
 def test_dispatch_for_mesh_uses_ambient_expert_axis(monkeypatch):
@@ -129,3 +130,14 @@ def test_real_ragged_all_to_all_path_lowers():
   assert "ragged_all_to_all" in jax.jit(ep).lower(*args).as_text()
   grad = jax.jit(jax.grad(functools.partial(_loss, ep), argnums=(0, 3)))
   assert grad.lower(*args).as_text().count("ragged_all_to_all") >= 4
+
+
+# 16 experts, top 2: one token's experts are an eighth (gathered); 8 and 64 tokens: every expert
+# at once; 130: three chunks of 64, the last padded.
+@pytest.mark.parametrize("n", [1, 8, 64, 130])
+@pytest.mark.parametrize("experts", [moe.cpu_experts, moe.ragged_experts],
+                         ids=["cpu_experts", "ragged_experts"])
+def test_local_dispatch_equals_dense_reference(experts, n):
+  """Output and gradients (x, gate weights, every expert weight) equal dense_experts' to fp32
+  rounding (relative 1e-5)."""
+  _assert_matches_dense(experts, _problem(n=n, n_experts=16))
