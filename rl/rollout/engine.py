@@ -4,7 +4,8 @@ keep-sampling-mask need.
 
 How one call runs (`run_engine`, all inside one jit):
 
-  slots   S decode rows share one fixed-shape KV cache [S, W] (W = prompt bucket P + new M).
+  slots   S decode rows share one fixed-shape KV cache [S, W] (W = prompt bucket P + new M;
+          on CPU from M = 128 it grows through P + M/4, M/2, 3M/4, M: `cache_widths`).
   refill  a free slot takes the next pending sequence: its prompt is prefilled (R rows at a
           time, in a fresh [R, P] cache whose rows are then copied into the free slots) and its
           next-token logits parked in the slot. Static batching is the case S >= N (one fill).
