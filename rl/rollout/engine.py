@@ -308,8 +308,9 @@ def _engine_fn(graphdef, spec: _EngineSpec):
 def cache_widths(prompt_width: int, new_tokens: int) -> tuple[int, ...]:
   """The KV cache widths one engine call decodes through. On CPU from 128 new tokens: prompt +
   1/4, 2/4, 3/4 and all of the new tokens (bf16 Qwen2.5-0.5B shape, 128 rows x 128 tokens:
-  44.6 -> 41.3 s per call; each width compiles its own decode step, 9 -> 37 s). Elsewhere one
-  width: the gain is unmeasured on TPU / GPU and the compile cost is certain."""
+  44.6 -> 41.3 s per call; each width compiles its own decode loop: ~4x the compile time, 9 ->
+  37 s there, first call minus a warm one). Elsewhere one width: the gain is unmeasured on
+  TPU / GPU and the compile cost is certain."""
   phases = 4 if new_tokens >= 128 and kernels.platform() == "cpu" else 1
   return tuple(prompt_width + -(-new_tokens * j // phases) for j in range(1, phases + 1))
 
