@@ -177,22 +177,24 @@ def experts_by_expert(x: jax.Array, expert_ids: jax.Array, weights: jax.Array,
                       w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
   """Every expert on every token, one product per projection batched over the experts (each
   expert's [D, F] weight read in place), combined with one-hot gate weights."""
-  n_experts = w_gate.shape[0]
-  combine = jnp.sum(jax.nn.one_hot(expert_ids, n_experts, dtype=weights.dtype)
-                    * weights[..., None], axis=1)  # [N, E]
-  xe = jnp.broadcast_to(x, (n_experts, *x.shape))
+  combine = _combine_weights(expert_ids, weights, w_gate.shape[0])
+  xe = jnp.broadcast_to(x, (w_gate.shape[0], *x.shape))
   hidden = (jax.nn.silu(jnp.einsum("end,edf->enf", xe, w_gate))
             * jnp.einsum("end,edf->enf", xe, w_up))
   out = jnp.einsum("enf,efd->end", hidden, w_down)
   return jnp.einsum("end,ne->nd", out, combine.astype(out.dtype))
 
 
+def _combine_weights(expert_ids: jax.Array, weights: jax.Array, n_experts: int) -> jax.Array:
+  """Each token's gate weight per expert, [N, E] (0 for experts it did not choose)."""
+  return jnp.sum(jax.nn.one_hot(expert_ids, n_experts, dtype=weights.dtype)
+                 * weights[..., None], axis=1)
+
+
 def dense_experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array, w_gate: jax.Array,
                   w_up: jax.Array, w_down: jax.Array) -> jax.Array:
   """Reference dispatch: all experts on all tokens, combined with one-hot gate weights."""
-  n_experts = w_gate.shape[0]
-  combine = jnp.sum(jax.nn.one_hot(expert_ids, n_experts, dtype=weights.dtype)
-                    * weights[..., None], axis=1)  # [N, E]
+  combine = _combine_weights(expert_ids, weights, w_gate.shape[0])
   hidden = (jax.nn.silu(jnp.einsum("nd,edf->nef", x, w_gate))
             * jnp.einsum("nd,edf->nef", x, w_up))
   out = jnp.einsum("nef,efd->ned", hidden, w_down)
