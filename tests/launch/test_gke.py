@@ -140,3 +140,14 @@ def test_job_template_matches_the_published_kubernetes_schema(template, values):
   job["spec"]["template"]["spec"]["terminationGracePeriodSecond"] = 60
   with pytest.raises(kubernetes_validate.ValidationError):
     kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
+
+
+@pytest.mark.parametrize("template,values,platform", [(TPU, tpu_values(), "tpu"),
+                                                      (GPU, gpu_values(), "cuda")])
+def test_pods_name_their_accelerator(template, values, platform):
+  """The pods set JAX_PLATFORMS to their accelerator first: launch/platforms.py then leaves jax's
+  start-up alone, and an accelerator that fails to start stops the job instead of training on
+  the host's CPU."""
+  (container,) = pod_of(rendered(template, values, [*DEMO, GS_PROMPTS]))["containers"]
+  env = {e["name"]: e.get("value") for e in container["env"]}
+  assert env["JAX_PLATFORMS"].split(",")[0] == platform
