@@ -3,7 +3,8 @@
   python launch/train.py --config=configs/deepseek_v32_moe_tpu.py --dry_run   # any machine
   python launch/gke/render.py launch/gke/jobset_tpu.yaml NAME=v32-grpo IMAGE=<image> \
       WORKDIR=gs://<bucket>/v32-grpo TPU_ACCELERATOR=tpu-v5p-slice TPU_TOPOLOGY=8x8x4 HOSTS=64 \
-      CHIPS_PER_HOST=4 -- --config=configs/deepseek_v32_moe_tpu.py \
+      CHIPS_PER_HOST=4 MAX_RESTARTS=3 DATA_PVC=<claim> \
+      -- --config=configs/deepseek_v32_moe_tpu.py \
       --config.data.train_files='/data/rl_prompts/*.parquet' | kubectl apply -f -
   ... same with TPU_TOPOLOGY=4x4x2 HOSTS=8 -- --config=configs/deepseek_v32_moe_tpu.py:small ...
 

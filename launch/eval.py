@@ -26,6 +26,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from launch import platforms  # noqa: E402
+
+platforms.settle()  # before jax is imported
+
 import jax  # noqa: E402
 from absl import flags, logging  # noqa: E402
 from flax import nnx  # noqa: E402

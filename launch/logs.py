@@ -1,22 +1,48 @@
 """Console logging and error reporting shared by the launch scripts: this project's INFO
 progress lines, and warnings or errors from anywhere; library INFO chatter (orbax logs every
-checkpoint operation) is dropped. Bad input (a config file that does not load, an unknown or
-malformed --config override, a bad value, a missing file or a broken checkpoint) is printed as
-one line `error: ...` with exit status 2, not as a traceback."""
+checkpoint operation) is dropped, told apart by the name of the module that logged, not by
+where its file lies (a virtual environment inside the checkout holds library files too). Bad
+input (a config file that does not load, an unknown or malformed --config override, a bad
+value, a missing file or a broken checkpoint) is printed as one line `error: ...` with exit
+status 2, not as a traceback."""
 
+import functools
 import logging as pylogging
-import os
 import sys
 from collections.abc import Callable
 
 from absl import app, flags, logging
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BAD_INPUT_STATUS = 2
+# This project's top-level packages (pyproject.toml), and the script being run.
+PROJECT_MODULES = ("launch", "configs", "rl", "models", "kernels", "__main__")
 
 
-def _only_project_info(record) -> bool:
-  return record.levelno >= pylogging.WARNING or record.pathname.startswith(_ROOT)
+@functools.lru_cache(maxsize=None)
+def _module_of_file(pathname: str) -> str:
+  """The name of the imported module whose source is `pathname` ("" for none)."""
+  for name, module in list(sys.modules.items()):
+    if getattr(module, "__file__", None) == pathname:
+      return name
+  return ""
+
+
+def source_module(record: pylogging.LogRecord) -> str:
+  """The name of the module that logged `record`. absl.logging (used by this project, orbax and
+  most JAX libraries) logs every caller through the one logger "absl", whose record names the
+  caller's file: that file's module. Any other logger is named after its module
+  (logging.getLogger(__name__)), as the standard library's convention goes."""
+  if record.name != logging.get_absl_logger().name:
+    return record.name
+  return _module_of_file(record.pathname)
+
+
+def is_project_module(name: str) -> bool:
+  return name.partition(".")[0] in PROJECT_MODULES
+
+
+def _only_project_info(record: pylogging.LogRecord) -> bool:
+  return record.levelno >= pylogging.WARNING or is_project_module(source_module(record))
 
 
 def setup() -> None:

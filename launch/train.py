@@ -24,10 +24,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from launch import platforms  # noqa: E402
+
+platforms.settle()  # before jax is imported
+
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from launch import cli, logs  # noqa: E402
+from rl.core import storage  # noqa: E402
 from rl.core.checks import InputError  # noqa: E402
 from rl.config.validation import check_paths  # noqa: E402
 
@@ -66,6 +71,7 @@ def main(argv):
   # Remote paths (gs://...) stay as they are; a relative local one is made absolute.
   workdir = checkpoint.workdir_path(_WORKDIR.value or os.path.join("workdir",
                                                                     cli.config_name()))
+  storage.preflight(workdir, "--workdir")  # credentials and an answer, in seconds
   logging.info("workdir: %s", workdir)
   from launch import jobs
   try:

@@ -26,6 +26,7 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from launch import cli  # noqa: E402
+from rl.jobs.checkpoint import GS_PACKAGES  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JAX_VERSION = "0.10.2"
@@ -94,13 +95,17 @@ def build_args(argv: Sequence[str], *, workdir: str, repo_root: str = REPO_ROOT)
 
 
 def docker_instructions(accelerator: str, repo_dir: str) -> list[str]:
-  """Image build steps: the pinned requirements, jax for the accelerator, then the repository
-  (its directory as the job's working directory)."""
+  """Image build steps: the requirements at the versions of requirements.lock (every
+  transitive dependency pinned, as launch/setup.sh installs them), jax for the accelerator, the
+  client libraries a gs:// workdir needs (rl/jobs/checkpoint.py GS_PACKAGES), then the
+  repository (its directory as the job's working directory)."""
   extra = "tpu" if accelerator.lower().startswith("tpu") else "cuda12"
+  pip = "RUN python -m pip install --no-cache-dir -c /seedrl/requirements.lock"
   return [
-      f"COPY {repo_dir}/requirements.txt /seedrl/requirements.txt",
-      "RUN python -m pip install --no-cache-dir -r /seedrl/requirements.txt",
-      f'RUN python -m pip install --no-cache-dir "jax[{extra}]=={JAX_VERSION}"',
+      f"COPY {repo_dir}/requirements.txt {repo_dir}/requirements.lock /seedrl/",
+      f"{pip} -r /seedrl/requirements.txt",
+      f'{pip} "jax[{extra}]=={JAX_VERSION}"',
+      f"{pip} {' '.join(GS_PACKAGES)}",
       f"COPY {repo_dir}/ /seedrl",
       "WORKDIR /seedrl",
   ]

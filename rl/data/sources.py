@@ -15,6 +15,10 @@ A record is a plain dict. Canonical fields, filled in by `normalize_record`:
 A field that holds None counts as absent. Every other field of the row is kept unchanged (the
 alias fields too), because verifiers read dataset-specific fields (a puzzle's `numbers`, ...).
 
+A path may be remote (`gs://bucket/prompts/*.jsonl`): it is read through etils.epath, as
+checkpoints are, after a start-up check that the storage answers (rl/core/storage.py); a remote
+glob may use `*` and `?` but not `**`.
+
 Bad rows fail early: a line that is not JSON, a row that is not an object, a missing prompt or a
 field of the wrong type raises InputError (a ValueError) naming the file and the 1-based line
 (row, for parquet), unless `skip_bad=True`, which skips the row, counts it in `LoadStats` and
@@ -24,6 +28,7 @@ naming the file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -33,7 +38,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from absl import logging
+from etils import epath
 
+from rl.core import storage
 from rl.core.checks import InputError
 
 DOMAINS = ("math", "code", "logic", "general")
@@ -116,7 +123,7 @@ def normalize_record(row: Any, *, default_source: str) -> dict[str, Any]:
 
 def _read_jsonl(path: str) -> Iterator[tuple[int, Any]]:
   """(1-based line number, parsed row) for every non-blank line; a bad line yields its error."""
-  with open(path, "rb") as f:
+  with epath.Path(path).open("rb") as f:
     for line_number, raw_line in enumerate(f, start=1):
       try:
         line = raw_line.decode("utf-8")
@@ -136,14 +143,17 @@ def _read_parquet(path: str) -> Iterator[tuple[int, Any]]:
   import pyarrow as pa  # Imported here: only parquet inputs need pyarrow.
   import pyarrow.parquet as pq
   row_number = 0
-  try:
-    parquet_file = pq.ParquetFile(path)
-  except (pa.ArrowException, OSError) as e:
-    raise InputError(f"{path}: not a readable parquet file ({e})") from None
-  for group in range(parquet_file.num_row_groups):
-    for row in parquet_file.read_row_group(group).to_pylist():
-      row_number += 1
-      yield row_number, row
+  with contextlib.ExitStack() as stack:
+    # A local file is memory-mapped by pyarrow; a remote one is read through its file object.
+    source = stack.enter_context(epath.Path(path).open("rb")) if storage.is_remote(path) else path
+    try:
+      parquet_file = pq.ParquetFile(source)
+    except (pa.ArrowException, OSError) as e:
+      raise InputError(f"{path}: not a readable parquet file ({e})") from None
+    for group in range(parquet_file.num_row_groups):
+      for row in parquet_file.read_row_group(group).to_pylist():
+        row_number += 1
+        yield row_number, row
 
 
 def _read_tfds(spec: str) -> Iterator[tuple[int, Any]]:
@@ -173,6 +183,8 @@ def _expand(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]
   for path in map(str, paths):
     if path.startswith(TFDS_PREFIX):
       files.append(path)
+    elif storage.is_remote(path):
+      files.extend(_expand_remote(path))
     elif glob.has_magic(path):
       matches = sorted(glob.glob(path))
       if not matches:
@@ -185,13 +197,43 @@ def _expand(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]
   return files
 
 
+def _expand_remote(path: str) -> list[str]:
+  """The files a remote path or glob names (sorted matches), through etils.epath."""
+  if not glob.has_magic(path):
+    if not epath.Path(path).exists():
+      raise FileNotFoundError(f"prompt file not found: {path}")
+    return [path]
+  scheme, _, rest = path.partition("://")
+  bucket, _, pattern = rest.partition("/")
+  matches = sorted(os.fspath(p) for p in epath.Path(f"{scheme}://{bucket}").glob(pattern))
+  if not matches:
+    raise FileNotFoundError(f"no file matches {path}")
+  return matches
+
+
+def _fixed_prefix(path: str) -> str:
+  """`path` up to the folder of its first glob character (the path itself without one)."""
+  if not glob.has_magic(path):
+    return path
+  fixed = []
+  for part in path.split("/"):
+    if glob.has_magic(part):
+      break
+    fixed.append(part)
+  return "/".join(fixed)
+
+
 def check_files(paths: str, field: str) -> None:
   """The comma-separated `paths` of config.<field> (as config.data.train_files holds them) name
   files that exist: InputError naming the field when it is empty or a path or glob finds
-  nothing. Run at start (rl/config/validation.py check_paths), before any model is built."""
+  nothing, or when the storage of a remote path does not answer within seconds
+  (rl/core/storage.py preflight). Run at start (rl/config/validation.py check_paths), before any
+  model is built."""
   if not paths:
     raise InputError(f"config.{field} is empty: config.data.source='files' reads prompt records "
                      "from it; set it to jsonl/parquet paths or globs (comma-separated)")
+  for path in paths.split(","):
+    storage.preflight(_fixed_prefix(path), f"config.{field}")
   try:
     _expand(paths.split(","))
   except FileNotFoundError as e:

@@ -37,6 +37,8 @@ from rl.core.policy import model_config
 # and writes gs:// files through gcsfs (or TensorFlow's gfile), and orbax lists checkpoint
 # steps on GCS through google-cloud-storage.
 GS_MODULES = ({"gcsfs", "tensorflow"}, {"google.cloud.storage"})
+# What an image installs for them (launch/xm_launch.py): the first choice of each.
+GS_PACKAGES = ("gcsfs", "google-cloud-storage")
 
 
 def is_remote(path: str | os.PathLike) -> bool:

@@ -251,6 +251,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   start_step, wall_s_before = 0, 0.0
   latest = ckpt.restore_latest({"params": params, "rest": rest, "opt_state": opt_state})
   if latest is None:
+    logging.info("compiling the SFT evaluation (held-out loss before training)...")
     metrics = {"sft/eval_loss_start": eval_loss(params, rest)}
   else:
     start_step, restored, record = latest
@@ -270,6 +271,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   t0 = time.perf_counter()
   step = 0
   loss = float("nan")  # no step left to run in this leg
+  compiled_stages = set()
   with PreemptionGuard() as preemption:
     for epoch, rows in enumerate(epoch_rows):
       for i in range(steps_per_epoch[epoch]):
@@ -282,6 +284,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
         else:
           batch = make_batch([train_ex[r[0]] for r in batch_rows], tokenizer.pad_id, width)
         stage = stage_at(step)
+        if stage not in compiled_stages:  # each DSA stage is a program of its own
+          compiled_stages.add(stage)
+          logging.info("compiling the SFT step%s...", f" ({stage})" if stage else "")
         with placement.scope():
           params, opt_state, loss, aux = train_step(params, opt_state, rest,
                                                     placement.put_batch(batch), stage)

@@ -371,12 +371,21 @@ class Trainer:
     c = self.config
     last: dict[str, float] = {}
     t_start = time.perf_counter()
+    evaluated = False
     for step in range(self.start_step, c.train.steps):
+      # The first step of a run compiles the rollout and the update (minutes for a big model):
+      # said before each, so a silent console is not mistaken for a hang.
+      first = step == self.start_step
+      if first:
+        logging.info("compiling the rollout (first step)...")
       t0 = time.perf_counter()
       traj, rewards, stats = self.collect(step)
       t1 = time.perf_counter()
       advs = self.advantages(traj, rewards)
       batch = self.build_batch(traj, rewards, advs)
+      if first:
+        logging.info("compiling the policy update%s (first step)...",
+                     " and the critic update" if self.critic is not None else "")
       metrics = self.update(step, batch)
       if "returns" in advs:  # how much of the return variance the critic explained
         metrics["explained_variance"] = float(losses.explained_variance(
@@ -409,6 +418,9 @@ class Trainer:
           **metrics, **stats["source"], **stats["curriculum"],
       }
       if c.train.eval_every and (step + 1) % c.train.eval_every == 0:
+        if not evaluated:
+          logging.info("compiling the held-out evaluation (first evaluation)...")
+          evaluated = True
         last["heldout_acc"] = self.evaluate()
       self.writer.write(step + 1, last)
       if (step + 1) % c.train.log_every == 0:

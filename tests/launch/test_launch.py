@@ -217,10 +217,12 @@ def test_xm_docker_instructions_pick_the_accelerators_jax():
 
 TPU_VALUES = ["NAME=v32-small", "IMAGE=gcr.io/p/seedrl:1", "WORKDIR=gs://b/v32",
               "TPU_ACCELERATOR=tpu-v5p-slice", "TPU_TOPOLOGY=4x4x2", "HOSTS=8",
-              "CHIPS_PER_HOST=4", "MAX_RESTARTS=3"]
+              "CHIPS_PER_HOST=4", "MAX_RESTARTS=3", "DATA_PVC=models-and-data"]
 GPU_VALUES = ["NAME=dapo-7b", "IMAGE=gcr.io/p/seedrl:1", "WORKDIR=gs://b/dapo",
-              "GPU_TYPE=nvidia-h100-80gb", "NODES=2", "GPUS_PER_NODE=8", "MAX_RESTARTS=0"]
-COMMAND = ["--", "--config=configs/deepseek_v32_moe_tpu.py:small", "--config.train.steps=7"]
+              "GPU_TYPE=nvidia-h100-80gb", "NODES=4", "GPUS_PER_NODE=8", "MAX_RESTARTS=0",
+              "DATA_PVC=models-and-data"]
+COMMAND = ["--", "--config=configs/deepseek_v32_moe_tpu.py:small", "--config.train.steps=7",
+           "--config.data.train_files=gs://b/prompts/*.parquet"]
 
 
 def _check_jobset(doc: dict, pods: int) -> dict:
@@ -271,7 +273,9 @@ def test_tpu_jobset_renders_and_is_well_formed():
                                  "cloud.google.com/gke-tpu-topology": "4x4x2"}
   assert container["resources"]["limits"]["google.com/tpu"] == 4
   assert container["args"] == ["--config=configs/deepseek_v32_moe_tpu.py:small",
-                               "--config.train.steps=7", "--workdir=gs://b/v32"]
+                               "--config.train.steps=7",
+                               "--config.data.train_files=gs://b/prompts/*.parquet",
+                               "--workdir=gs://b/v32"]
   assert doc["spec"]["failurePolicy"]["maxRestarts"] == 3
 
 
@@ -279,7 +283,7 @@ def test_gpu_jobset_renders_and_is_well_formed():
   """The GPU template renders to a JobSet of one pod per node holding all its GPUs
   (nvidia.com/gpu), on the requested accelerator, with shared memory for NCCL."""
   doc = _render("jobset_gpu.yaml", GPU_VALUES)
-  container, pod = _check_jobset(doc, pods=2)
+  container, pod = _check_jobset(doc, pods=4)
   assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
   assert pod["nodeSelector"]["cloud.google.com/gke-accelerator"] == "nvidia-h100-80gb"
   assert any(m["mountPath"] == "/dev/shm" for m in container["volumeMounts"])
