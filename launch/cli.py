@@ -3,6 +3,7 @@ flags (none of the scripts takes any), and the --config file a run is checked by
 after."""
 
 import os
+import re
 
 from absl import app, flags
 
@@ -25,7 +26,17 @@ def checked_config(config):
   return config
 
 
+def run_name(config_arg: str) -> str:
+  """A --config value as a run's name: the file's name without its folder and .py, then the
+  variant after ":" if any (configs/demo.py -> "demo", configs/demo.py:grpo_v32 ->
+  "demo_grpo_v32"), characters other than letters, digits, "." and "-" in the variant as "_".
+  Variants of one file are different runs, so they get different default workdirs."""
+  path, _, variant = config_arg.partition(":")
+  name = os.path.splitext(os.path.basename(path))[0]
+  return f"{name}_{re.sub(r'[^A-Za-z0-9.-]', '_', variant)}" if variant else name
+
+
 def config_name() -> str:
-  """The --config file's name without its folder and .py (configs/demo.py:vapo -> "demo"): the
-  default workdir of a run and the title of its job."""
-  return os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
+  """The --config flag's run_name: the default workdir of a run (workdir/<name>) and the title of
+  its job."""
+  return run_name(flags.FLAGS["config"].config_filename)

@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from launch import dry_run, xm_launch
+from launch import cli, dry_run, xm_launch
 from launch.gke import render
 from models.config import PUBLISHED_PARAMS
 from rl.config.defaults import base_config
@@ -166,6 +166,22 @@ def test_train_dry_run_flag_prints_the_report():
   assert out.returncode == 0, out.stderr[-2000:]
   assert "params" in out.stdout and "/device" in out.stdout and "256 devices" in out.stdout
   assert not os.path.exists("/tmp/seedrl_dry_run_never_created")
+
+
+# ------------------------------------------------------------------------------- train.py
+
+@pytest.mark.parametrize("config_arg,name", [
+    ("configs/demo.py", "demo"),
+    (f"{ROOT}/configs/demo.py:grpo_v32", "demo_grpo_v32"),
+    ("configs/demo.py:vapo", "demo_vapo"),
+    ("configs/qwen2_5_math_dapo.py:7b", "qwen2_5_math_dapo_7b"),
+    ("configs/demo.py:a/b c", "demo_a_b_c"),
+])
+def test_default_workdir_names_the_variant(config_arg, name):
+  """A run's default workdir (workdir/<run_name>) holds the config file's variant: the DAPO
+  demo and its grpo_v32 variant never resume each other's checkpoints; a variant that is not
+  a plain word stays one path component."""
+  assert cli.run_name(config_arg) == name
 
 
 # ------------------------------------------------------------------------------- XManager
