@@ -8,7 +8,10 @@ The config file's `get_config(arg)` builds the run; `--config.a.b=v` overrides a
 unknown field is an error). The config is validated before anything is built: a bad value, a
 typo in a field, a missing config file or tokenizer directory, a bad prompt record or a broken
 HF checkpoint is reported on one line (`error: ...`, exit status 2). Rerunning the same command
-with the same workdir resumes from the latest checkpoint. The workdir may be local or remote
+with the same workdir resumes from the latest checkpoint; a resume under a changed config is
+refused on one line naming the fields that differ (beyond the steps, logging, saving and mesh
+fields of rl/jobs/checkpoint.py RESUMABLE_FIELDS) unless --allow_config_change is given, and
+the change is then appended to <workdir>/config_history.jsonl (config.json stays the first). The workdir may be local or remote
 (`gs://bucket/run`, through etils.epath). SIGTERM or SIGINT saves a checkpoint at the end of the
 step in progress and exits with status 0; the same command then resumes. `--dry_run` builds the
 mesh, model and optimiser abstractly, prints parameter counts and per-device memory
@@ -39,6 +42,10 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (checkpoints, 
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print parameter counts and per-device memory of "
                              "the config's mesh, model and optimiser (built abstractly), then "
                              "exit without training.")
+_ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
+    "allow_config_change", False, "Resume a workdir under a config that differs from the one it "
+    "ran with (beyond rl/jobs/checkpoint.py RESUMABLE_FIELDS: steps, logging, saving, mesh); "
+    "the change is appended to <workdir>/config_history.jsonl.")
 _TOPOLOGY = flags.DEFINE_string(
     "topology", None, "With --dry_run: compile the policy update ahead of time for this TPU "
     "topology (e.g. v5p:2x2x1, v5e:4x4, v6e:2x2; needs libtpu, `bash launch/setup.sh "
@@ -70,7 +77,7 @@ def main(argv):
   logging.info("workdir: %s", workdir)
   from launch import jobs
   try:
-    jobs.run_job(config, str(workdir))
+    jobs.run_job(config, str(workdir), allow_config_change=_ALLOW_CONFIG_CHANGE.value)
   except checkpoint.Preempted as e:
     logging.info("%s", e)
 

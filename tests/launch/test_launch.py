@@ -184,6 +184,35 @@ def test_default_workdir_names_the_variant(config_arg, name):
   assert cli.run_name(config_arg) == name
 
 
+def test_resuming_a_workdir_under_another_variant_is_refused_on_one_line(tmp_path):
+  """The issue's case: the DAPO demo's workdir (its SFT stage holds a checkpoint and the DAPO
+  config) rerun with configs/demo.py:grpo_v32 and the same --workdir stops at start, exit
+  status 2, one `error:` line naming the rl fields that differ with both values and the flag
+  that allows it; nothing of the run is touched (config.json is still DAPO's, no history)."""
+  import numpy as np
+
+  from rl.jobs import checkpoint
+  sft_dir = tmp_path / "sft"
+  checkpoint.save_run_config(sft_dir, load("demo.py"), step=None)
+  ckpt = checkpoint.Checkpointer(sft_dir / "checkpoints")
+  ckpt.save(1, {"x": np.zeros(1)}, {"step": 1}, force=True)
+  ckpt.close()
+  saved = (sft_dir / "config.json").read_text()
+  out = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "launch", "train.py"),
+       f"--config={os.path.join(ROOT, 'configs', 'demo.py')}:grpo_v32", f"--workdir={tmp_path}"],
+      capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+  errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+  assert out.returncode == 2 and len(errors) == 1, out.stderr
+  assert "Traceback" not in out.stderr
+  assert "config.rl.kl_coef=0.0 there, 0.01 now" in errors[0]
+  assert "config.rl.keep_routing=False there, True now" in errors[0]
+  assert "--allow_config_change" in errors[0]
+  assert (sft_dir / "config.json").read_text() == saved
+  assert not (sft_dir / checkpoint.HISTORY).exists()
+
+
 # ------------------------------------------------------------------------------- XManager
 
 def test_xm_build_args_passes_config_flags_through():
