@@ -57,7 +57,8 @@ def test_demo_variants(variant):
     ("mesh.dcn.data", -1, r"config.mesh.dcn.data=-1: must be >= 1"),
     ("kernel_backend", "cuda", r"config.kernel_backend='cuda': must be one of"),
     ("rollout.streaming.max_staleness", -1, r"config.rollout.streaming.max_staleness=-1"),
-    ("model.kernel_backend", "tpu", r"config.model.kernel_backend is not read"),
+    ("model.kernel_backend", "tpu",
+     r"config.model.kernel_backend: no such field .*did you mean config.kernel_backend\?"),
     ("init_checkpoint", "/ckpt", r"config.init_checkpoint='/ckpt' with config.job='sft_rl'"),
 ])
 def test_bad_values_name_the_field(field, value, message):
@@ -171,6 +172,35 @@ def test_missing_prompt_files_are_named(tmp_path):
     check_paths(config)
 
 
+TYPO_FILE = """from rl.config.defaults import base_config
+
+
+def get_config():
+  c = base_config()
+  {line}
+  return c.lock()
+"""
+
+
+@pytest.mark.parametrize("line,message", [
+    ("c.train.stepz = 3", r"^config.train.stepz: no such field .*did you mean config.train.steps\?$"),
+    ("c.rollout.streaming.enabeld = True",
+     r"^config.rollout.streaming.enabeld: .*did you mean config.rollout.streaming.enabled\?"),
+    ("c.trian = dict(steps=3)", r"^config.trian.steps: .*did you mean config.train.steps\?"),
+    ("c.mesh.shape = dict(data=-1, fsdp=1, expert=1, tensr=1)",
+     r"^config.mesh.shape.tensr: .*did you mean config.mesh.shape.tensor\?"),
+    ("c.mesh.shape = dict(data=-1, fsdp=1)", r"^config.mesh.shape.expert: missing"),
+])
+def test_config_file_typos_are_errors(tmp_path, line, message):
+  """A config FILE is held to the schema (base_config's fields) like a --config override: a
+  field it adds before locking its config (a typo), or a section it replaces with a dict of
+  other keys, fails validation naming the field and the closest real one."""
+  path = tmp_path / "typo.py"
+  path.write_text(TYPO_FILE.format(line=line))
+  with pytest.raises(InputError, match=message):
+    validate(load(str(path)))
+
+
 def _one_line_error(cmd):
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
                        env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
@@ -179,15 +209,18 @@ def _one_line_error(cmd):
 
 @pytest.mark.parametrize("script", ["train.py", "eval.py"])
 def test_launchers_print_one_line_for_config_typos_and_missing_files(script, tmp_path):
-  """A typo in a --config field, a --config file that does not exist, and (train.py) a
-  tokenizer directory that does not exist: exit status 2 and one line `error: ...` naming the
+  """A typo in a --config field or inside the config file, a --config file that does not exist,
+  and (train.py) a tokenizer directory that does not exist: exit status 2 and one line `error: ...` naming the
   culprit, no traceback, nothing built (no workdir)."""
   launcher = [sys.executable, os.path.join(ROOT, "launch", script)]
   demo = f"--config={os.path.join(ROOT, 'configs', 'demo.py')}"
   workdir = tmp_path / "workdir"
   extra = ([f"--workdir={workdir}"] if script == "train.py" else
            [f"--checkpoint={tmp_path}", "--dataset=arithmetic"])
+  typo_file = tmp_path / "typo.py"
+  typo_file.write_text(TYPO_FILE.format(line="c.train.stepz = 3"))
   cases = [([demo, "--config.train.stpes=3"], r"'stpes' Did you mean \"steps\""),
+           ([f"--config={typo_file}"], r"config.train.stepz: .*did you mean config.train.steps"),
            ([f"--config={tmp_path / 'nope.py'}"], r"nope.py"),
            ([demo, "--config.optim.lr=nan"], r"config.optim.lr=nan")]
   if script == "train.py":
