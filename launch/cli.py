@@ -8,6 +8,7 @@ import re
 from absl import app, flags
 
 from rl.config.validation import validate
+from rl.core.checks import InputError
 
 
 def no_arguments(argv: list[str]) -> None:
@@ -24,6 +25,20 @@ def checked_config(config):
     raise app.UsageError("--config=configs/<name>.py is required")
   validate(config)
   return config
+
+
+def check_workdir(workdir: str) -> None:
+  """A local --workdir is a directory or can become one: InputError naming the flag when it,
+  or the nearest of its parent folders that exists, is a file. Remote workdirs are not
+  looked at here."""
+  if "://" in workdir:
+    return
+  path = os.path.abspath(workdir)
+  while not os.path.exists(path):
+    path = os.path.dirname(path)
+  if not os.path.isdir(path):
+    where = "is a file" if path == os.path.abspath(workdir) else f"is inside the file {path}"
+    raise InputError(f"--workdir={workdir} {where}: it must be a directory (or not exist yet)")
 
 
 def run_name(config_arg: str) -> str:

@@ -5,9 +5,10 @@
   python launch/train.py --config=configs/deepseek_v32_moe_tpu.py --dry_run
 
 The config file's `get_config(arg)` builds the run; `--config.a.b=v` overrides any field (an
-unknown field is an error). The config is validated before anything is built: a bad value, a
-typo in a field, a missing config file or tokenizer directory, a bad prompt record or a broken
-HF checkpoint is reported on one line (`error: ...`, exit status 2). Rerunning the same command
+unknown field is an error, in the config file too). The config is validated before anything
+is built: a bad value, a typo in a field, a missing config file or tokenizer directory, a
+missing or empty prompt file, a bad prompt record, a mesh larger than the machine, a workdir
+that is a file or a broken HF checkpoint is reported on one line (`error: ...`, exit status 2). Rerunning the same command
 with the same workdir resumes from the latest checkpoint; a resume under a changed config is
 refused on one line naming the fields that differ (beyond the steps, logging, saving and mesh
 fields of rl/jobs/checkpoint.py RESUMABLE_FIELDS) unless --allow_config_change is given, and
@@ -68,12 +69,14 @@ def main(argv):
     print("\n".join(dry_run.format_report(r)))
     return
   check_paths(config)
+  workdir = _WORKDIR.value or os.path.join("workdir", cli.config_name())
+  cli.check_workdir(workdir)
   from rl.jobs import checkpoint
-  from rl.parallel import distributed
+  from rl.parallel import distributed, placement
   distributed.initialize_from_env()
+  placement.check_devices(config.mesh)
   # Remote paths (gs://...) stay as they are; a relative local one is made absolute.
-  workdir = checkpoint.workdir_path(_WORKDIR.value or os.path.join("workdir",
-                                                                    cli.config_name()))
+  workdir = checkpoint.workdir_path(workdir)
   logging.info("workdir: %s", workdir)
   from launch import jobs
   try:

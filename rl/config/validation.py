@@ -102,6 +102,8 @@ def check_paths(c: ml_collections.ConfigDict) -> None:
 def _check_run(c: ml_collections.ConfigDict) -> None:
   """The top-level fields (launch/jobs.py, models/tokenizer.py, kernels/)."""
   allowed("job", c.job, JOBS)
+  if not c.seed >= 0:  # numpy's generators (data, curriculum) refuse a negative seed
+    raise ValueError(f"config.seed={c.seed!r}: must be >= 0")
   if c.init_checkpoint and c.job in ("sft", "sft_rl"):
     raise ValueError(f"config.init_checkpoint={c.init_checkpoint!r} with config.job={c.job!r}: "
                      "SFT starts from config.init_hf_dir or a random init (sft_rl's RL stage "
@@ -114,7 +116,7 @@ def _check_run(c: ml_collections.ConfigDict) -> None:
 def _check_rollout(c: ml_collections.ConfigDict) -> None:
   """config.rollout (rl/rollout/engine.py run_rollout_config)."""
   positive(c.rollout, "rollout", "max_new_tokens", "prompt_bucket")
-  non_negative(c.rollout, "rollout", "temperature", "eval_temperature", "batch_size",
+  non_negative(c.rollout, "rollout", "temperature", "eval_temperature", "top_k", "batch_size",
                "prefill_batch")
   if c.rollout.max_new_tokens >= c.model.max_seq_len:
     raise ValueError(f"config.rollout.max_new_tokens={c.rollout.max_new_tokens}: must be "

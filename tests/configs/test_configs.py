@@ -53,6 +53,7 @@ def test_demo_variants(variant):
     ("rollout.top_p", 1.5, r"config.rollout.top_p=1.5"),
     ("train.micro_batches", 7, r"config.train.mini_batches=1 x micro_batches=7"),
     ("job", "pretrain", r"config.job='pretrain'"),
+    ("seed", -1, r"config.seed=-1: must be >= 0"),
     ("mesh.shape.fsdp", 0, r"config.mesh.shape.fsdp=0: must be positive or -1"),
     ("mesh.dcn.data", -1, r"config.mesh.dcn.data=-1: must be >= 1"),
     ("kernel_backend", "cuda", r"config.kernel_backend='cuda': must be one of"),
@@ -83,6 +84,7 @@ NAN, INF = float("nan"), float("inf")
     ("sft.lr", NAN, r"config.sft.lr=nan"),
     ("rollout.temperature", NAN, r"config.rollout.temperature=nan: must be >= 0 and finite"),
     ("rollout.eval_temperature", -1.0, r"config.rollout.eval_temperature=-1.0"),
+    ("rollout.top_k", -1, r"config.rollout.top_k=-1: must be >= 0"),
     ("rl.kl_coef", -0.01, r"config.rl.kl_coef=-0.01: must be >= 0"),
     ("rl.kl_coef", NAN, r"config.rl.kl_coef=nan"),
     ("rl.kl_coef_per_domain", "math=-0.1",
@@ -199,6 +201,59 @@ def test_config_file_typos_are_errors(tmp_path, line, message):
   path.write_text(TYPO_FILE.format(line=line))
   with pytest.raises(InputError, match=message):
     validate(load(str(path)))
+
+
+def test_empty_prompt_files_are_named(tmp_path):
+  """check_paths names the data field and the file when a prompt file holds no record: an
+  empty jsonl, one of blank lines only, a parquet file of no rows (each would otherwise fail
+  after the model is built, with a traceback)."""
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  good = tmp_path / "good.jsonl"
+  good.write_text('{"prompt": "1 + 1?", "answer": "2"}\n')
+  (tmp_path / "empty.jsonl").write_text("")
+  (tmp_path / "blank.jsonl").write_text("\n  \n")
+  pq.write_table(pa.table({"prompt": pa.array([], pa.string()),
+                           "answer": pa.array([], pa.string())}), tmp_path / "none.parquet")
+  config = load(os.path.join(ROOT, "configs", "demo.py"))
+  config.data.update(source="files", train_files=str(good), heldout_files=str(good))
+  check_paths(config)
+  for name in ("empty.jsonl", "blank.jsonl", "none.parquet"):
+    config.data.train_files = f"{good},{tmp_path / name}"
+    with pytest.raises(InputError, match=rf"^config.data.train_files='.*': .*{name} holds no "
+                                         r"prompt records$"):
+      check_paths(config)
+  config.data.train_files = str(good)
+  config.data.heldout_files = str(tmp_path / "*.parquet")
+  with pytest.raises(InputError, match=r"^config.data.heldout_files=.*none.parquet holds no"):
+    check_paths(config)
+
+
+@pytest.mark.parametrize("mesh,message", [
+    ({"devices": 16}, r"^config.mesh.devices=16: only 8 devices here$"),
+    ({"shape.data": 1, "shape.fsdp": 16},
+     r"^config.mesh.shape / config.mesh.dcn do not fit the 8 devices of this run: "
+     r"mesh \{.*'fsdp': 16.*\} needs 16 devices, have 8$"),
+    ({"shape.fsdp": 3}, r"^config.mesh.shape .*: mesh \{.*'fsdp': 3.*: 8 devices are not "
+                        r"divisible by 3$"),
+    ({"devices": 4, "dcn.data": 3}, r"^config.mesh.shape / config.mesh.dcn do not fit the 4 "
+                                    r"devices .*mesh.dcn \{'data': 3.*: 4 devices do not split "
+                                    r"into 3 slices$"),
+])
+def test_mesh_larger_than_the_machine_is_named(mesh, message):
+  """placement.check_devices (launch/train.py calls it at start) names the mesh field a run's
+  devices cannot satisfy on this host of 8 devices; the fitting and planned meshes pass."""
+  from rl.parallel import placement
+  config = base_config()
+  placement.check_devices(config.mesh)
+  config.mesh.update(auto=True, devices=8)
+  placement.check_devices(config.mesh)
+  config = base_config()
+  for field, value in mesh.items():
+    table, _, key = field.rpartition(".")
+    (config.mesh[table] if table else config.mesh)[key] = value
+  with pytest.raises(InputError, match=message):
+    placement.check_devices(config.mesh)
 
 
 def _one_line_error(cmd):

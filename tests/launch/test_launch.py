@@ -213,6 +213,27 @@ def test_resuming_a_workdir_under_another_variant_is_refused_on_one_line(tmp_pat
   assert not (sft_dir / checkpoint.HISTORY).exists()
 
 
+def test_train_names_a_bad_workdir_or_mesh_at_start(tmp_path):
+  """launch/train.py exits with status 2 and one `error:` line, before anything is built, for a
+  --workdir that is a file or lies inside one, and for a mesh larger than the machine (one CPU
+  device here); nothing is written."""
+  a_file = tmp_path / "notes.txt"
+  a_file.write_text("not a workdir")
+  demo = f"--config={os.path.join(ROOT, 'configs', 'demo.py')}"
+  cases = [([demo, f"--workdir={a_file}"], rf"--workdir={a_file} is a file"),
+           ([demo, f"--workdir={a_file}/run"], rf"--workdir={a_file}/run is inside the file"),
+           ([demo, f"--workdir={tmp_path}/run", "--config.mesh.devices=2"],
+            r"config.mesh.devices=2: only 1 devices here")]
+  for args, culprit in cases:
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "train.py"), *args],
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert out.returncode == 2 and len(errors) == 1 and culprit in errors[0], out.stderr
+    assert "Traceback" not in out.stderr
+  assert a_file.read_text() == "not a workdir" and not (tmp_path / "run").exists()
+
+
 # ------------------------------------------------------------------------------- XManager
 
 def test_xm_build_args_passes_config_flags_through():
