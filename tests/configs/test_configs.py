@@ -11,7 +11,7 @@ from ml_collections import config_flags  # noqa: F401  (the launcher's flag type
 
 from rl.core.checks import InputError
 from rl.config.defaults import base_config
-from rl.config.describe import describe_rl
+from rl.config.describe import describe_rl, leaves
 from rl.core.policy import build_policy, model_config
 from rl.config.validation import check_paths, validate
 
@@ -254,6 +254,29 @@ def test_mesh_larger_than_the_machine_is_named(mesh, message):
     (config.mesh[table] if table else config.mesh)[key] = value
   with pytest.raises(InputError, match=message):
     placement.check_devices(config.mesh)
+
+
+def test_field_notes_come_from_the_comments_beside_the_defaults():
+  """field_notes (what --help lists) reads one sentence per field from the comments of
+  rl/config/defaults.py, models/config.py and rl/core/algorithms.py: every note names a field
+  or section of the schema, every section has one, a field's trailing comment is its note, a
+  block above a field is its note, and no field takes a heading's or its parent's comment."""
+  from rl.config.describe import field_notes
+  notes = field_notes()
+  fields = leaves(base_config())
+  sections = {name.rsplit(".", 1)[0] for name in fields if "." in name}
+  assert set(notes) <= set(fields) | sections
+  assert {s for s in sections if "." not in s} <= set(notes)
+  assert all("\n" not in note for note in notes.values())
+  assert notes["rollout.top_k"] == "sample among the k likeliest tokens (0: off)"
+  assert notes["model.n_kv_heads"] == "0 means n_heads (plain multi-head attention)"
+  assert notes["rl.kl_coef"] == "beta; 0 skips the reference model entirely"
+  assert notes["init_checkpoint"] == "orbax checkpoint directory of an earlier stage (e.g. SFT)"
+  assert notes["optim.offload_state"].startswith("Keep the AdamW state in pinned host memory")
+  assert notes["rollout.streaming"].startswith("Streaming rollouts (rl/rollout/streaming.py)")
+  assert "model.attention" not in notes  # under the heading "--- GQA attention ---" only
+  assert "rollout.streaming.enabled" not in notes  # on its section's line, no comment of its own
+  assert "rl.entropy_coef" in notes and "kl_coef" not in notes["rl.entropy_coef"]
 
 
 def _one_line_error(cmd):

@@ -15,6 +15,7 @@ from launch import cli, dry_run, xm_launch
 from launch.gke import render
 from models.config import PUBLISHED_PARAMS
 from rl.config.defaults import base_config
+from rl.config.describe import leaves
 from rl.parallel import distributed
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -232,6 +233,46 @@ def test_train_names_a_bad_workdir_or_mesh_at_start(tmp_path):
     assert out.returncode == 2 and len(errors) == 1 and culprit in errors[0], out.stderr
     assert "Traceback" not in out.stderr
   assert a_file.read_text() == "not a workdir" and not (tmp_path / "run").exists()
+
+
+def _train(args, **kwargs):
+  return subprocess.run([sys.executable, os.path.join(ROOT, "launch", "train.py"), *args],
+                        capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"), **kwargs)
+
+
+def test_help_lists_every_config_field_with_its_meaning_and_exits_0():
+  """--help and --helpfull print the flags (--print_config among them), then every field of
+  the schema with its default, under its section's one-line meaning, with the field's own
+  meaning where the defaults' comments give one; both exit 0 (absl's exit 1 and list no
+  config field)."""
+  fields = leaves(base_config())
+  for flag in ("--help", "--helpfull"):
+    out = _train([flag])
+    assert out.returncode == 0, out.stderr
+    assert "--print_config" in out.stdout and "--allow_config_change" in out.stdout
+    lines = out.stdout.splitlines()
+    for name, value in fields.items():
+      assert any(line.strip().startswith(f"{name}={value!r}") for line in lines), name
+    assert "    rollout.top_k=0  sample among the k likeliest tokens (0: off)" in lines
+    assert "rl: The update rule (rl/core: advantages, losses, train_step; rl/core/algorithms.py " \
+           "checks it)." in lines
+    assert "    model.max_seq_len=256  context length in tokens (prompt and response)" in lines
+
+
+def test_print_config_prints_the_resolved_config_and_exits(tmp_path):
+  """--print_config prints the run's default workdir and every field of the resolved config
+  (the variant's values and the overrides) as name=value lines, builds nothing and exits 0."""
+  out = _train([f"--config={os.path.join(ROOT, 'configs', 'demo.py')}:grpo_v32",
+                "--config.optim.lr=0.001", "--print_config"], cwd=tmp_path)
+  assert out.returncode == 0, out.stderr
+  want = leaves(load("demo.py", "grpo_v32"))
+  want["optim.lr"] = 0.001
+  lines = out.stdout.splitlines()
+  assert lines[0] == f"# workdir: {os.path.join('workdir', 'demo_grpo_v32')}"
+  assert lines[1:] == [f"{name}={value!r}" for name, value in want.items()]
+  assert "rl.kl_coef=0.01" in lines and "optim.lr=0.001" in lines
+  assert not (tmp_path / "workdir").exists()
 
 
 # ------------------------------------------------------------------------------- XManager
