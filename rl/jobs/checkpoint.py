@@ -31,6 +31,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from rl.config.describe import leaves
 from rl.core.checks import InputError
 from rl.core.policy import model_config
 
@@ -171,20 +172,10 @@ RESUMABLE_FIELDS = ("train.steps", "train.log_every", "train.eval_every", "train
 HISTORY = "config_history.jsonl"
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(_flat(value, f"{prefix}{key}."))
-    else:
-      out[prefix + key] = value
-  return out
-
-
 def config_changes(before: dict, now: dict) -> dict[str, tuple]:
   """{dotted field: (value before, value now)} of the fields two resolved configs (as JSON
   objects) differ in; a field only one of them has is None in the other."""
-  b, n = _flat(before), _flat(now)
+  b, n = leaves(before), leaves(now)
   return {k: (b.get(k), n.get(k)) for k in sorted(set(b) | set(n)) if b.get(k) != n.get(k)}
 
 
