@@ -38,9 +38,9 @@ from rl.config.validation import check_paths  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:arg]).",
                                           lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (checkpoints, metrics). "
-                               "Default: ./workdir/<config file name>[_<variant>] (configs/demo.py:vapo -> "
-                               "workdir/demo_vapo).")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Output directory (checkpoints, metrics). Default: "
+    "./workdir/<config file name>[_<variant>] (configs/demo.py:vapo -> workdir/demo_vapo).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print parameter counts and per-device memory of "
                              "the config's mesh, model and optimiser (built abstractly), then "
                              "exit without training.")

@@ -79,9 +79,9 @@ def field_notes() -> dict[str, str]:
     else:
       notes.update(_keyword_notes(f"{name}.", statement.value, comments))
   schema = leaves(defaults.base_config())
-  sections = {name.rsplit(".", 1)[0] for name in schema if "." in name}
+  groups = {name.rsplit(".", 1)[0] for name in schema if "." in name}
   # ModelConfig's kernel_backend is not a config.model field (model_section drops it).
-  return {name: note for name, note in notes.items() if name in schema or name in sections}
+  return {name: note for name, note in notes.items() if name in schema or name in groups}
 
 
 def _parsed(module) -> tuple[ast.Module, dict[int, tuple[str, bool]]]:

@@ -188,7 +188,8 @@ def _expand(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]
 def check_files(paths: str, field: str) -> None:
   """The comma-separated `paths` of config.<field> (as config.data.train_files holds them) name
   files that exist and hold records: InputError naming the field when it is empty, a path or
-  glob finds nothing, or a file is empty. Run at start (rl/config/validation.py check_paths), before any model is built."""
+  glob finds nothing, or a file is empty. Run at start (rl/config/validation.py check_paths),
+  before any model is built."""
   if not paths:
     raise InputError(f"config.{field} is empty: config.data.source='files' reads prompt records "
                      "from it; set it to jsonl/parquet paths or globs (comma-separated)")

@@ -185,7 +185,8 @@ def get_config():
 
 
 @pytest.mark.parametrize("line,message", [
-    ("c.train.stepz = 3", r"^config.train.stepz: no such field .*did you mean config.train.steps\?$"),
+    ("c.train.stepz = 3",
+     r"^config.train.stepz: no such field .*did you mean config.train.steps\?$"),
     ("c.rollout.streaming.enabeld = True",
      r"^config.rollout.streaming.enabeld: .*did you mean config.rollout.streaming.enabled\?"),
     ("c.trian = dict(steps=3)", r"^config.trian.steps: .*did you mean config.train.steps\?"),
@@ -288,8 +289,8 @@ def _one_line_error(cmd):
 @pytest.mark.parametrize("script", ["train.py", "eval.py"])
 def test_launchers_print_one_line_for_config_typos_and_missing_files(script, tmp_path):
   """A typo in a --config field or inside the config file, a --config file that does not exist,
-  and (train.py) a tokenizer directory that does not exist: exit status 2 and one line `error: ...` naming the
-  culprit, no traceback, nothing built (no workdir)."""
+  and (train.py) a tokenizer directory that does not exist: exit status 2 and one line
+  `error: ...` naming the culprit, no traceback, nothing built (no workdir)."""
   launcher = [sys.executable, os.path.join(ROOT, "launch", script)]
   demo = f"--config={os.path.join(ROOT, 'configs', 'demo.py')}"
   workdir = tmp_path / "workdir"

@@ -2,8 +2,8 @@
 SFT-then-RL pipeline): SIGTERM saves at the next step boundary and the rerun ends where an
 uninterrupted run ends; a corrupt latest checkpoint falls back to the step before; resumed runs
 do not log re-run steps twice and add up their wall time; the workdir's config.json refuses a
-resume with another model shape, or another config unless allowed (the change then kept); a gs:// workdir reaches orbax and etils.epath untouched (a
-local fake of GCS, no network)."""
+resume with another model shape, or another config unless allowed (the change then kept); a
+gs:// workdir reaches orbax and etils.epath untouched (a local fake of GCS, no network)."""
 
 import contextlib
 import json
