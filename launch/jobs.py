@@ -6,18 +6,21 @@ above both may choose between them."""
 import ml_collections
 
 
-def run_job(config: ml_collections.ConfigDict, workdir: str) -> None:
+def run_job(config: ml_collections.ConfigDict, workdir: str, *,
+            allow_config_change: bool = False) -> None:
   """Runs config.job: "rl" (rl/jobs/trainer.py), "sft" (rl/jobs/sft.py), "o1_coder"
-  (rl/o1_coder/selfplay.py) or "sft_rl" (rl/jobs/sft_then_rl.py)."""
+  (rl/o1_coder/selfplay.py) or "sft_rl" (rl/jobs/sft_then_rl.py). `allow_config_change`: a run
+  resuming its workdir may do so under another config (rl/jobs/checkpoint.py save_run_config);
+  O1-Coder self-play keeps no checkpoints, so it never resumes."""
   if config.job == "rl":
     from rl.jobs import trainer
-    trainer.run(config, workdir)
+    trainer.run(config, workdir, allow_config_change=allow_config_change)
   elif config.job == "sft":
     from rl.jobs import sft
-    sft.run(config, workdir)
+    sft.run(config, workdir, allow_config_change=allow_config_change)
   elif config.job == "o1_coder":
     from rl.o1_coder import selfplay
     selfplay.run(config, workdir)
   else:
     from rl.jobs import sft_then_rl
-    sft_then_rl.run_sft_then_rl(config, workdir)
+    sft_then_rl.run_sft_then_rl(config, workdir, allow_config_change=allow_config_change)

@@ -26,10 +26,10 @@ KERNEL_BACKENDS = ("auto", "reference", "interpret", "gpu", "tpu")  # kernels.BA
 class ModelConfig:
   """Shapes and switches of one decoder-only language model."""
 
-  vocab_size: int
-  d_model: int
-  n_layers: int
-  n_heads: int
+  vocab_size: int  # token ids the embedding and the output layer cover
+  d_model: int  # hidden width
+  n_layers: int  # decoder layers
+  n_heads: int  # attention (query) heads
   # Dense feed-forward width (also used by the first `first_k_dense` layers of a MoE model).
   mlp_dim: int
   # --- GQA attention (Llama / Qwen2 / Qwen3) ---
@@ -59,7 +59,7 @@ class ModelConfig:
   yarn_beta_slow: float = 1.0
   yarn_mscale: float = 1.0
   yarn_mscale_all_dim: float = 0.0
-  max_seq_len: int = 4096
+  max_seq_len: int = 4096  # context length in tokens (prompt and response)
   # --- MoE ---
   n_experts: int = 0  # 0: dense model
   n_experts_per_tok: int = 0

@@ -35,10 +35,11 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
   because "dapo"'s overlong buffer (4096 tokens, for 20480-token responses) does not fit the
   default 16-token rollout."""
   c = ml_collections.ConfigDict()
-  c.job = "rl"
-  c.seed = 0
+  c.job = "rl"  # "rl", "sft", "sft_rl" (SFT, then RL from it) or "o1_coder" (launch/jobs.py)
+  c.seed = 0  # the run's random seed (>= 0)
+  # The policy's architecture: every field of models/config.py ModelConfig (rl/core/policy.py).
   c.model = model_section(preset, **model_overrides)
-  c.tokenizer = "byte"
+  c.tokenizer = "byte"  # "byte", or a directory holding tokenizer.json (models/tokenizer.py)
   c.init_checkpoint = ""  # orbax checkpoint directory of an earlier stage (e.g. SFT)
   # Local Hugging Face checkpoint directory (config.json + safetensors) the policy starts from;
   # "" = random init. Its config.json must describe the same shapes as config.model.
@@ -60,6 +61,7 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
       auto=False, devices=0, device_kind="",
   ))
 
+  # The prompts (rl/data/): generated puzzles or prompt files, and how RL steps draw them.
   c.data = ml_collections.ConfigDict(dict(
       # "puzzles": generated problems of `task`; "files": prompt records (rl/data/sources.py)
       # from `train_files` / `heldout_files` (comma-separated paths or globs, jsonl/parquet),
@@ -70,9 +72,9 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
       heldout_files="",
       skip_bad_records=False,  # True: malformed rows are skipped and counted, not an error
       task="arithmetic",  # a task of rl/rewards/puzzles.py
-      difficulty=0,
-      train_size=2000,
-      heldout_size=200,
+      difficulty=0,  # level of the generated task (0: the easiest)
+      train_size=2000,  # generated training problems
+      heldout_size=200,  # generated held-out problems (evaluation only)
       heldout_seed=10_000,  # a different generator seed: held-out problems never trained on
       prompt_template="plain",  # a template of rl/data/templates.py ("chat": the chat template)
       # How RL steps draw prompts (rl/data/curriculum.py PromptCurriculum): "" uniform;
@@ -84,12 +86,13 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
       curriculum_threshold=0.8,
       curriculum_window=10,
   ))
+  # Sampling the responses (rl/rollout/engine.py).
   c.rollout = ml_collections.ConfigDict(dict(
-      max_new_tokens=16,
-      temperature=1.0,
-      top_p=1.0,
-      top_k=0,
-      prompt_bucket=16,
+      max_new_tokens=16,  # response budget in tokens
+      temperature=1.0,  # sampling temperature (0: greedy)
+      top_p=1.0,  # nucleus sampling: the smallest set of tokens of this probability (1: off)
+      top_k=0,  # sample among the k likeliest tokens (0: off)
+      prompt_bucket=16,  # prompt width is rounded up to a multiple of this (fewer compilations)
       eval_temperature=0.0,  # greedy evaluation
       # Decode slots (rl/rollout/engine.py): 0 = every sequence of a generation batch at once
       # (static batching); N = continuous batching over N slots, refilled `prefill_batch`
@@ -112,23 +115,28 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
   c.rl = ml_collections.ConfigDict(algorithms.recipe(algorithm))
   # The RL optimiser, policy and critic (rl/jobs/trainer.py).
   c.optim = ml_collections.ConfigDict(dict(
-      lr=1e-4, warmup_steps=5, weight_decay=0.0, grad_clip=1.0, b1=0.9, b2=0.99,
-      critic_lr=2e-4,
+      lr=1e-4,  # the policy's learning rate, constant after the warm-up
+      warmup_steps=5,  # steps of linear warm-up from 0
+      weight_decay=0.0,  # AdamW weight decay
+      grad_clip=1.0,  # global-norm clip of each update's gradient
+      b1=0.9,  # AdamW first-moment decay
+      b2=0.99,  # AdamW second-moment decay
+      critic_lr=2e-4,  # the critic's learning rate (rl.use_critic)
       # Keep the AdamW state in pinned host memory between updates (models/remat.py).
       offload_state=False,
   ))
   # Supervised fine-tuning (rl/jobs/sft.py; the tool warm start reads batch_size, lr, grad_clip).
   c.sft = ml_collections.ConfigDict(dict(
       batch_size=32,  # rows per step (each one example, or several with pack)
-      epochs=2,
+      epochs=2,  # passes over the SFT examples
       max_len=0,  # row width in tokens; 0: the longest example. Longer responses are cut.
       pack=False,  # several examples per row (segment ids keep them apart)
-      lr=1e-3,
-      warmup_steps=20,
+      lr=1e-3,  # peak learning rate, after the warm-up
+      warmup_steps=20,  # steps of linear warm-up from 0
       final_lr_fraction=0.1,  # cosine decay from lr to lr * this
-      weight_decay=0.0,
+      weight_decay=0.0,  # AdamW weight decay
       grad_clip=1.0,  # global-norm clip of each step's gradient (also the tool warm start)
-      log_every=20,
+      log_every=20,  # optimiser steps between progress lines
       checkpoint_every=200,  # optimiser steps between checkpoints (and one at the end)
       # DSA models: weight of the indexer KL loss (0 leaves the indexer untrained), and the
       # steps of dense attention (indexer fitted to it) before sparse training.
@@ -141,13 +149,13 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
   ))
   # The RL loop (rl/jobs/trainer.py).
   c.train = ml_collections.ConfigDict(dict(
-      steps=50,
-      prompts_per_step=16,
-      samples_per_prompt=8,
+      steps=50,  # RL steps
+      prompts_per_step=16,  # prompts drawn per step
+      samples_per_prompt=8,  # responses sampled per prompt (one group)
       mini_batches=1,  # optimiser steps per PPO epoch
       micro_batches=1,  # gradient-accumulation slices of one mini-batch
-      log_every=1,
-      eval_every=25,
+      log_every=1,  # steps between progress lines
+      eval_every=25,  # steps between held-out evaluations (0: none)
       checkpoint_every=25,  # steps between checkpoints; one is also saved at the end
       keep_checkpoints=2,  # the latest K are kept (>= 1)
       max_bad_steps=3,  # consecutive non-finite steps before the run stops
@@ -155,7 +163,7 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
   # Multi-turn tool use (rl/tool_use/): RL episodes on tool environments instead of data.source;
   # rollout.max_new_tokens is then the policy-token budget of a whole episode (all turns).
   c.tools = ml_collections.ConfigDict(dict(
-      enabled=False,
+      enabled=False,  # True: RL episodes on the environments below instead of config.data
       environments="",  # comma-separated names of rl/tool_use/environments.py ENVIRONMENTS
       max_turns=4,  # tool calls per episode; one more ends it ("turn_limit")
       max_tool_tokens=96,  # tokens of one tool result, wrapper included (longer ones are cut)

@@ -1,6 +1,10 @@
 """Start-up checks of a run config: `validate` (every field, before anything is built) and
 `check_paths` (the local files a run reads, at run start).
 
+validate first holds the config to the schema (`check_fields`: the fields of
+rl/config/defaults.py base_config, no more and no fewer), so a typo in a config file fails as
+one in a --config override does.
+
 validate calls each section's checker where it lives beside the code that reads the section
 (data: rl/data/entries.py and rl/data/curriculum.py; rl: rl/core/algorithms.py; mesh:
 rl/parallel/placement.py; sampler weights: rl/rollout/fp8.py; streaming: its StreamingConfig;
@@ -11,6 +15,7 @@ reads the section. Every bad value fails with InputError naming the field and wh
 
 from __future__ import annotations
 
+import difflib
 import os
 
 import ml_collections
@@ -18,6 +23,8 @@ import ml_collections
 import kernels
 from rl.core.checks import InputError, allowed, non_negative, positive
 from rl.core.policy import check_hf_dir, model_config
+from rl.config.defaults import base_config
+from rl.config.describe import leaves
 from rl.core import algorithms
 from rl.core.sampling import kept_ids_width
 from rl.data import entries, sources
@@ -28,11 +35,15 @@ from rl.tool_use import environments
 
 JOBS = ("rl", "sft", "sft_rl", "o1_coder")  # launch/jobs.py run_job
 TOKENIZERS_BUILTIN = ("byte",)  # models/tokenizer.py load_tokenizer
+# Sections a job adds beside the schema's, checked by that job's reader (o1: the O1-Coder
+# pipeline's settings, rl/o1_coder/selfplay.py).
+JOB_SECTIONS = {"o1_coder": ("o1",)}
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
   """Start-up checks: every bad value fails here (InputError), naming the field and what is
   allowed."""
+  check_fields(c)
   try:
     _check_run(c)
     model_config(c)
@@ -53,6 +64,27 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise InputError(str(e)) from None
 
 
+def check_fields(c: ml_collections.ConfigDict) -> None:
+  """Every field of `c` is one of the schema's (base_config(); the model section's fields are
+  the same for every preset, the rl section's for every recipe) and none is missing. A
+  --config override is held to it by the locked config; this holds the config file to it too:
+  an assignment of an unknown field (`c.train.stepz = 3`, made before the file locks its
+  config) or a section replaced by a dict of other keys. InputError naming the field and the
+  closest field of the schema."""
+  schema = leaves(base_config())
+  fields = {name for name in leaves(c)
+            if name.split(".")[0] not in JOB_SECTIONS.get(c.get("job"), ())}
+  unknown, missing = sorted(fields - schema.keys()), sorted(schema.keys() - fields)
+  if unknown:
+    close = difflib.get_close_matches(unknown[0], list(schema), n=1)
+    hint = f"; did you mean config.{close[0]}?" if close else ""
+    raise InputError(f"config.{unknown[0]}: no such field (the fields are "
+                     f"rl/config/defaults.py base_config's){hint}")
+  if missing:
+    raise InputError(f"config.{missing[0]}: missing (a config sets every field of "
+                     "rl/config/defaults.py base_config; was its section replaced?)")
+
+
 def check_paths(c: ml_collections.ConfigDict) -> None:
   """The local paths a run reads at start exist (InputError naming the field). Not part of
   validate(): a dry run plans a recipe on a machine that does not hold its checkpoint or data."""
@@ -70,6 +102,8 @@ def check_paths(c: ml_collections.ConfigDict) -> None:
 def _check_run(c: ml_collections.ConfigDict) -> None:
   """The top-level fields (launch/jobs.py, models/tokenizer.py, kernels/)."""
   allowed("job", c.job, JOBS)
+  if not c.seed >= 0:  # numpy's generators (data, curriculum) refuse a negative seed
+    raise ValueError(f"config.seed={c.seed!r}: must be >= 0")
   if c.init_checkpoint and c.job in ("sft", "sft_rl"):
     raise ValueError(f"config.init_checkpoint={c.init_checkpoint!r} with config.job={c.job!r}: "
                      "SFT starts from config.init_hf_dir or a random init (sft_rl's RL stage "
@@ -82,7 +116,7 @@ def _check_run(c: ml_collections.ConfigDict) -> None:
 def _check_rollout(c: ml_collections.ConfigDict) -> None:
   """config.rollout (rl/rollout/engine.py run_rollout_config)."""
   positive(c.rollout, "rollout", "max_new_tokens", "prompt_bucket")
-  non_negative(c.rollout, "rollout", "temperature", "eval_temperature", "batch_size",
+  non_negative(c.rollout, "rollout", "temperature", "eval_temperature", "top_k", "batch_size",
                "prefill_batch")
   if c.rollout.max_new_tokens >= c.model.max_seq_len:
     raise ValueError(f"config.rollout.max_new_tokens={c.rollout.max_new_tokens}: must be "

@@ -24,41 +24,41 @@ REWARD_MODES = ("verify", "dapo")
 
 # Every recipe starts from these and changes what its paper changes.
 BASE: dict[str, Any] = dict(
-    estimator="grpo",
-    gamma=1.0,
+    estimator="grpo",  # advantage estimator (rl/core/advantages.py)
+    gamma=1.0,  # discount of later tokens' rewards (GAE, REINFORCE++)
     lam=1.0,  # GAE lambda of the policy's advantages
     lam_critic=1.0,  # GAE lambda of the critic's returns (decoupled GAE when != lam)
     length_adaptive_alpha=0.0,  # > 0: lam_policy = 1 - 1/(alpha * length) (VAPO)
-    clip_low=0.2,
-    clip_high=0.2,
+    clip_low=0.2,  # the PPO ratio is clipped below at 1 - clip_low
+    clip_high=0.2,  # ... and clipped above at 1 + clip_high (DAPO's clip-higher: 0.28)
     clip_c=0.0,  # dual-clip constant (> 1 turns it on)
     policy_loss="ppo_clip",  # the PPO clipped surrogate (spec section 1)
-    loss_agg_mode="token-mean",
+    loss_agg_mode="token-mean",  # how token losses average into one (rl/core/losses.py AGG_MODES)
     kl_coef=0.0,  # beta; 0 skips the reference model entirely
-    kl_kind="k3",
+    kl_kind="k3",  # estimator of the KL to the reference policy
     # "domain=beta,...": a row's beta by its domain (a puzzle's task, else the record's
     # domain), overriding kl_coef (DeepSeek-V3.2); `kl_coefs_by_domain` parses it.
     kl_coef_per_domain="",
-    entropy_coef=0.0,
-    use_critic=False,
+    entropy_coef=0.0,  # weight of the entropy bonus
+    use_critic=False,  # train a value model beside the policy (the GAE estimators need one)
     critic_warmup_steps=0,  # value pretraining steps before any actor update (VAPO)
-    value_clip=0.5,
+    value_clip=0.5,  # clip range of the critic's value update
     nll_coef=0.0,  # positive-example LM loss weight mu (VAPO)
     dynamic_sampling=False,  # drop groups whose accuracy has zero std, refill (DAPO)
-    max_num_gen_batches=4,
+    max_num_gen_batches=4,  # dynamic sampling: generation batches per step at most
     # At that cap with the batch still short: False stops the run with an error naming the
     # fields; True fills the rest with the uniform groups seen (all-correct or all-wrong: zero
     # GRPO advantage unless shaping varies the scores) and counts them (`filled_groups`).
     fill_at_cap=False,
     overlong_buffer=0,  # L_cache in tokens; 0 turns overlong shaping off
-    overlong_factor=1.0,
+    overlong_factor=1.0,  # the overlong penalty at the end of the budget
     overlong_filter=False,  # truncated responses get zero loss weight
     offpolicy_mask_delta=0.0,  # > 0: DeepSeek-V3.2 off-policy sequence masking
     indexer_coef=0.0,  # DSA models: weight of the indexer KL loss during RL (0: indexer frozen)
-    keep_routing=False,
-    keep_sampling_mask=False,
+    keep_routing=False,  # the update replays the rollout's MoE routing (DeepSeek-V3.2)
+    keep_sampling_mask=False,  # the update uses the sampler's top-p / top-k kept set (V3.2)
     reward_mode="verify",  # "dapo": +1 correct / -1 wrong
-    ppo_epochs=1,
+    ppo_epochs=1,  # passes over each step's batch
 )
 
 RECIPES: dict[str, dict[str, Any]] = {

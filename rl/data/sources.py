@@ -225,19 +225,39 @@ def _fixed_prefix(path: str) -> str:
 
 def check_files(paths: str, field: str) -> None:
   """The comma-separated `paths` of config.<field> (as config.data.train_files holds them) name
-  files that exist: InputError naming the field when it is empty or a path or glob finds
-  nothing, or when the storage of a remote path does not answer within seconds
-  (rl/core/storage.py preflight). Run at start (rl/config/validation.py check_paths), before any
-  model is built."""
+  files that exist and hold records: InputError naming the field when it is empty, a path or
+  glob finds nothing, a file is empty, or the storage of a remote path does not answer within
+  seconds (rl/core/storage.py preflight). Run at start (rl/config/validation.py check_paths),
+  before any model is built."""
   if not paths:
     raise InputError(f"config.{field} is empty: config.data.source='files' reads prompt records "
                      "from it; set it to jsonl/parquet paths or globs (comma-separated)")
   for path in paths.split(","):
     storage.preflight(_fixed_prefix(path), f"config.{field}")
   try:
-    _expand(paths.split(","))
+    files = _expand(paths.split(","))
   except FileNotFoundError as e:
     raise InputError(f"config.{field}={paths!r}: {e}") from None
+  for path in files:
+    if not _has_rows(path):
+      raise InputError(f"config.{field}={paths!r}: {path} holds no prompt records")
+
+
+def _has_rows(path: str) -> bool:
+  """Whether a jsonl file has a non-blank line, or a parquet file a row (from its footer);
+  other inputs are not opened here (their reader reports them)."""
+  suffix = pathlib.Path(path).suffix.lower()
+  if suffix == ".jsonl":
+    with (epath.Path(path).open("rb") if "://" in path else open(path, "rb")) as f:
+      return any(line.strip() for line in f)
+  if suffix == ".parquet":
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+      return pq.ParquetFile(path).metadata.num_rows > 0
+    except (pa.ArrowException, OSError) as e:
+      raise InputError(f"{path}: not a readable parquet file ({e})") from None
+  return True
 
 
 def _rows(path: str) -> tuple[Iterator[tuple[int, Any]], str, str]:

@@ -1,7 +1,8 @@
 """What a run keeps in its workdir and how it survives a restart: orbax checkpoints of every
 array of the training state plus a small JSON record (step, counters, curriculum state, wall
 time), saved asynchronously every N steps with the latest K kept; the resolved config
-(config.json) and the check that a resumed run builds the same model; metrics.jsonl and
+(config.json, and config_history.jsonl of the resumes that changed it) and the check that a
+resumed run is the same run; metrics.jsonl and
 TensorBoard scalars; and preemption (SIGTERM / SIGINT: save at the next step boundary, exit).
 
 A workdir is local or remote (`gs://bucket/run`): every path goes through etils.epath, which
@@ -30,6 +31,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 
+from rl.config.describe import leaves
 from rl.core.checks import InputError
 from rl.core.policy import model_config
 
@@ -159,30 +161,79 @@ def _param_shapes(model: dict) -> dict[str, tuple]:
           for k, v in nnx.state(abstract, nnx.Param).flat_state()}
 
 
+# Fields a resumed run may change without --allow_config_change: how long it runs (the RL
+# learning rate is constant after warm-up, so more steps do not change the earlier ones' schedule),
+# how often it logs, evaluates and saves, and where it computes (the mesh, the kernels, the
+# decode slots, optimiser offload, rematerialisation) - a checkpoint restores onto any mesh, and
+# none of these changes a sample or a gradient. A name ending in "." covers a section.
+RESUMABLE_FIELDS = ("train.steps", "train.log_every", "train.eval_every", "train.checkpoint_every",
+                    "train.keep_checkpoints", "train.max_bad_steps", "sft.log_every",
+                    "sft.checkpoint_every", "mesh.", "kernel_backend", "rollout.batch_size",
+                    "rollout.prefill_batch", "optim.offload_state", "model.remat",
+                    "model.remat_names")
+HISTORY = "config_history.jsonl"
+
+
+def config_changes(before: dict, now: dict) -> dict[str, tuple]:
+  """{dotted field: (value before, value now)} of the fields two resolved configs (as JSON
+  objects) differ in; a field only one of them has is None in the other."""
+  b, n = leaves(before), leaves(now)
+  return {k: (b.get(k), n.get(k)) for k in sorted(set(b) | set(n)) if b.get(k) != n.get(k)}
+
+
+def _resumable(field: str) -> bool:
+  return any(field == f or (f.endswith(".") and field.startswith(f)) for f in RESUMABLE_FIELDS)
+
+
+def _listed(changes: dict[str, tuple]) -> str:
+  return "; ".join(f"config.{k}={b!r} there, {n!r} now" for k, (b, n) in changes.items())
+
+
 def save_run_config(workdir: str | os.PathLike, config: ml_collections.ConfigDict, *,
-                    resuming: bool) -> None:
-  """Writes the resolved config to <workdir>/config.json (process 0). When `resuming`, a
-  config whose model has other parameter shapes than the one the workdir was started with is
-  refused first (InputError naming every changed config.model field with both values); other
-  changed model fields are logged."""
-  path = workdir_path(workdir) / "config.json"
-  if resuming and path.exists():
-    before = json.loads(path.read_text())["model"]
-    now = config.model.to_dict()
-    changed = {k: (before.get(k), now.get(k)) for k in sorted(set(before) | set(now))
-               if before.get(k) != now.get(k)}
-    if changed:
-      listed = "; ".join(f"config.model.{k}={b!r} there, {n!r} now" for k, (b, n) in
-                         changed.items())
-      if _param_shapes(before) != _param_shapes(now):
-        raise InputError(
-            f"{path.parent} holds checkpoints of another model ({listed}): the parameter shapes "
-            "differ, so it cannot be resumed. Use the original model settings or another "
-            "--workdir.")
-      logging.warning("resuming %s with changed model settings (%s)", path.parent, listed)
+                    step: int | None, allow_change: bool = False) -> None:
+  """Records the resolved config of a run starting in `workdir` (process 0): a fresh run
+  (`step` None: no checkpoint to resume) writes <workdir>/config.json. A run resuming from
+  checkpoint `step` is compared with the config the workdir last ran with (config.json, or the
+  newest line of config_history.jsonl) first:
+  - a model with other parameter shapes is refused (InputError naming every changed
+    config.model field with both values): its checkpoints cannot be restored;
+  - other changed fields outside RESUMABLE_FIELDS are refused the same way unless
+    `allow_change` (launch/train.py --allow_config_change): a run is what its config says, so
+    continuing one under another algorithm or learning rate must be asked for.
+  A resume that changes anything appends {"step", "changed", "config"} to
+  config_history.jsonl; config.json, the config of the run's first steps, is never rewritten."""
+  workdir = workdir_path(workdir)
+  path, history = workdir / "config.json", workdir / HISTORY
+  now = json.loads(config.to_json_best_effort())
+  rows = []
+  if step is not None and path.exists():
+    rows = history.read_text().splitlines() if history.exists() else []
+    before = json.loads(rows[-1])["config"] if rows else json.loads(path.read_text())
+    changed = config_changes(before, now)
+    model = {k: v for k, v in changed.items() if k.startswith("model.")}
+    if model and _param_shapes(before["model"]) != _param_shapes(now["model"]):
+      raise InputError(
+          f"{workdir} holds checkpoints of another model ({_listed(model)}): the parameter "
+          "shapes differ, so it cannot be resumed. Use the original model settings or another "
+          "--workdir.")
+    refused = {k: v for k, v in changed.items() if not _resumable(k)}
+    if refused and not allow_change:
+      raise InputError(
+          f"{workdir} was run with another config ({_listed(refused)}): resume it with the same "
+          "config, pass --allow_config_change to continue it with this one (recorded in "
+          f"{HISTORY}), or use another --workdir.")
+    if not changed:
+      return
+    logging.warning("resuming %s at step %d with changed config (%s)", workdir, step,
+                    _listed(changed))
+    rows.append(json.dumps({"step": step, "changed": {k: list(v) for k, v in changed.items()},
+                            "config": now}, sort_keys=True))
   if jax.process_index() == 0:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(config.to_json_best_effort(indent=1, sort_keys=True) + "\n")
+    workdir.mkdir(parents=True, exist_ok=True)
+    if rows:
+      history.write_text("".join(row + "\n" for row in rows))
+    else:
+      path.write_text(config.to_json_best_effort(indent=1, sort_keys=True) + "\n")
 
 
 # ======================================================================== Metrics

@@ -135,7 +135,8 @@ def response_nll(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array) -> 
   return -jnp.sum(next_token_logprobs(logits, tokens) * loss_mask[:, 1:])
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+def run(config: ml_collections.ConfigDict, workdir: str, *,
+        allow_config_change: bool = False) -> dict[str, float]:
   """Trains (or resumes) the SFT stage in `workdir`; returns its metrics. A finished stage is
   not rerun: its final metrics are returned from the checkpoint."""
   t_leg = time.perf_counter()
@@ -147,7 +148,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   ckpt = Checkpointer(workdir / "checkpoints", keep=c.train.keep_checkpoints,
                       save_every=s.checkpoint_every)
   latest = ckpt.latest_step()
-  save_run_config(workdir, c, resuming=latest is not None)
+  save_run_config(workdir, c, step=latest, allow_change=allow_config_change)
   if latest is not None:
     record = ckpt.record(latest)
     if "sft/eval_loss" in record:  # only the final checkpoint holds it

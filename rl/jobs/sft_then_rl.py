@@ -48,14 +48,18 @@ def plot_learning_curve(metrics_path: str | os.PathLike, out_path: str | os.Path
   epath.Path(out_path).write_bytes(png.getvalue())
 
 
-def run_sft_then_rl(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict:
+def run_sft_then_rl(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
+                    allow_config_change: bool = False) -> dict:
+  """Runs (or resumes) both stages and the comparison; `allow_config_change`: a stage may resume
+  under a config other than the one it ran with (checkpoint.save_run_config)."""
   workdir = workdir_path(workdir)
   sft_dir = workdir / "sft"
-  sft_metrics = sft.run(config, sft_dir)  # returns at once when the stage is done
+  # Returns at once when the stage is done.
+  sft_metrics = sft.run(config, sft_dir, allow_config_change=allow_config_change)
   rl_config = ml_collections.ConfigDict(config.to_dict())
   rl_config.init_checkpoint = os.fspath(sft_dir / "checkpoints")
   rl_config.job = "rl"
-  trainer = Trainer(rl_config, workdir / "rl")
+  trainer = Trainer(rl_config, workdir / "rl", allow_config_change=allow_config_change)
   sft_eval_path = sft_dir / "heldout.json"
   if not sft_eval_path.exists():
     if trainer.start_step:

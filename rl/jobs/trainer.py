@@ -53,7 +53,8 @@ def _on_mesh(method):
 class Trainer:
   """Holds the run's state between steps; `run()` is the loop."""
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str, *,
+               allow_config_change: bool = False):
     self.t_leg = time.perf_counter()  # this process's share of the run's wall time
     validate(config)
     check_paths(config)
@@ -62,8 +63,10 @@ class Trainer:
     self.checkpointer = Checkpointer(self.workdir / "checkpoints",
                                      keep=c.train.keep_checkpoints,
                                      save_every=c.train.checkpoint_every)
-    resuming = self.checkpointer.latest_step() is not None
-    save_run_config(self.workdir, c, resuming=resuming)
+    latest = self.checkpointer.latest_step()
+    resuming = latest is not None
+    # A resume under another config is refused unless allowed (checkpoint.save_run_config).
+    save_run_config(self.workdir, c, step=latest, allow_change=allow_config_change)
     self.tokenizer = load_tokenizer(c.tokenizer)
     self.model_cfg = model_config(c)
 
@@ -444,5 +447,6 @@ class Trainer:
     return last
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  return Trainer(config, workdir).run()
+def run(config: ml_collections.ConfigDict, workdir: str, *,
+        allow_config_change: bool = False) -> dict[str, float]:
+  return Trainer(config, workdir, allow_config_change=allow_config_change).run()

@@ -38,7 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from models import memory, planner
 from models import remat as remat_lib
 from models import sharding as sharding_lib
-from rl.core.checks import allowed
+from rl.core.checks import InputError, allowed
 from rl.core.policy import model_config
 from rl.core.sampling import kept_ids_width
 from rl.core import train_step as ts
@@ -63,6 +63,25 @@ def check_mesh(mesh: ml_collections.ConfigDict) -> None:
                      "device count)")
   if mesh.device_kind:
     allowed("mesh.device_kind", mesh.device_kind, sorted(planner.DEVICES))
+
+
+def check_devices(mesh: ml_collections.ConfigDict) -> None:
+  """config.mesh against this machine's devices, at run start once the JAX runtime is joined
+  (check_mesh cannot: a dry run passes it while planning a mesh larger than its host):
+  InputError naming the field when config.mesh.devices exceeds the devices here, or when the
+  shape and dcn sizes do not make a mesh of the devices the run uses."""
+  available = jax.device_count()
+  n = mesh.devices or available
+  if n > available:
+    raise InputError(f"config.mesh.devices={mesh.devices}: only {available} devices here")
+  if mesh.auto:
+    return  # the planner picks the shape for n devices
+  try:
+    sharding_lib.mesh_from_config(dict(mesh.shape.to_dict(), dcn=mesh.dcn.to_dict()),
+                                  jax.devices()[:n])
+  except ValueError as e:
+    raise InputError(f"config.mesh.shape / config.mesh.dcn do not fit the {n} devices of this "
+                     f"run: {e}") from None
 
 
 def workload(config, *, prompt_len: int | None = None) -> planner.Workload:
@@ -107,10 +126,8 @@ class Placement:
 
   @classmethod
   def from_config(cls, c: ml_collections.ConfigDict) -> "Placement":
-    available = jax.device_count()
-    n = c.mesh.devices or available
-    if n > available:
-      raise ValueError(f"config.mesh.devices={c.mesh.devices}: only {available} devices here")
+    check_devices(c.mesh)
+    n = c.mesh.devices or jax.device_count()
     shape, plan = c.mesh.shape.to_dict(), None
     if c.mesh.auto:
       plan = best_mesh(c, n, planner.device_kind(c.mesh.device_kind))

@@ -523,9 +523,10 @@ def probe_update_loop(c, workdir, res):
   return seen
 
 
-def probe_run(c, workdir, res):
-  """Trainer._run with every stage replaced by a stand-in and a one-number checkpoint state:
-  metric rows written, held-out evaluations, progress log lines and checkpoint steps kept."""
+def probe_run(c, workdir, res, *, skipped=0.0):
+  """Trainer._run with every stage replaced by a stand-in and a one-number checkpoint state
+  (each update's `skipped` metric as given): metric rows written, held-out evaluations,
+  progress log lines and checkpoint steps kept."""
   from rl.jobs import trainer as trainer_lib
   from rl.jobs.checkpoint import PreemptionGuard
   t = _trainer(c, workdir)
@@ -537,7 +538,7 @@ def probe_run(c, workdir, res):
   t.collect = lambda step: (traj, rewards, dict(stats))
   t.advantages = lambda traj, rewards: {}
   t.build_batch = lambda traj, rewards, advs: {"response_mask": np.ones((4, 4))}
-  t.update = lambda step, batch: {"skipped": float(c.get("_skip", 0))}
+  t.update = lambda step, batch: {"skipped": skipped}
   evals = []
   t.evaluate = lambda: evals.append(1) or 0.0
   t._checkpoint_state = lambda: {"x": np.zeros(1)}
@@ -561,10 +562,8 @@ def probe_run(c, workdir, res):
 
 def probe_bad_steps(c, workdir, res):
   """The run loop with every update non-finite: where the run stops."""
-  with c.unlocked():
-    c._skip = 1
-    c.train.steps = 5
-  return probe_run(c, workdir, res)
+  c.train.steps = 5
+  return probe_run(c, workdir, res, skipped=1.0)
 
 
 def probe_curriculum(c, workdir, res):

@@ -11,7 +11,7 @@ from ml_collections import config_flags  # noqa: F401  (the launcher's flag type
 
 from rl.core.checks import InputError
 from rl.config.defaults import base_config
-from rl.config.describe import describe_rl
+from rl.config.describe import describe_rl, leaves
 from rl.core.policy import build_policy, model_config
 from rl.config.validation import check_paths, validate
 
@@ -53,11 +53,13 @@ def test_demo_variants(variant):
     ("rollout.top_p", 1.5, r"config.rollout.top_p=1.5"),
     ("train.micro_batches", 7, r"config.train.mini_batches=1 x micro_batches=7"),
     ("job", "pretrain", r"config.job='pretrain'"),
+    ("seed", -1, r"config.seed=-1: must be >= 0"),
     ("mesh.shape.fsdp", 0, r"config.mesh.shape.fsdp=0: must be positive or -1"),
     ("mesh.dcn.data", -1, r"config.mesh.dcn.data=-1: must be >= 1"),
     ("kernel_backend", "cuda", r"config.kernel_backend='cuda': must be one of"),
     ("rollout.streaming.max_staleness", -1, r"config.rollout.streaming.max_staleness=-1"),
-    ("model.kernel_backend", "tpu", r"config.model.kernel_backend is not read"),
+    ("model.kernel_backend", "tpu",
+     r"config.model.kernel_backend: no such field .*did you mean config.kernel_backend\?"),
     ("init_checkpoint", "/ckpt", r"config.init_checkpoint='/ckpt' with config.job='sft_rl'"),
 ])
 def test_bad_values_name_the_field(field, value, message):
@@ -82,6 +84,7 @@ NAN, INF = float("nan"), float("inf")
     ("sft.lr", NAN, r"config.sft.lr=nan"),
     ("rollout.temperature", NAN, r"config.rollout.temperature=nan: must be >= 0 and finite"),
     ("rollout.eval_temperature", -1.0, r"config.rollout.eval_temperature=-1.0"),
+    ("rollout.top_k", -1, r"config.rollout.top_k=-1: must be >= 0"),
     ("rl.kl_coef", -0.01, r"config.rl.kl_coef=-0.01: must be >= 0"),
     ("rl.kl_coef", NAN, r"config.rl.kl_coef=nan"),
     ("rl.kl_coef_per_domain", "math=-0.1",
@@ -171,6 +174,112 @@ def test_missing_prompt_files_are_named(tmp_path):
     check_paths(config)
 
 
+TYPO_FILE = """from rl.config.defaults import base_config
+
+
+def get_config():
+  c = base_config()
+  {line}
+  return c.lock()
+"""
+
+
+@pytest.mark.parametrize("line,message", [
+    ("c.train.stepz = 3",
+     r"^config.train.stepz: no such field .*did you mean config.train.steps\?$"),
+    ("c.rollout.streaming.enabeld = True",
+     r"^config.rollout.streaming.enabeld: .*did you mean config.rollout.streaming.enabled\?"),
+    ("c.trian = dict(steps=3)", r"^config.trian.steps: .*did you mean config.train.steps\?"),
+    ("c.mesh.shape = dict(data=-1, fsdp=1, expert=1, tensr=1)",
+     r"^config.mesh.shape.tensr: .*did you mean config.mesh.shape.tensor\?"),
+    ("c.mesh.shape = dict(data=-1, fsdp=1)", r"^config.mesh.shape.expert: missing"),
+])
+def test_config_file_typos_are_errors(tmp_path, line, message):
+  """A config FILE is held to the schema (base_config's fields) like a --config override: a
+  field it adds before locking its config (a typo), or a section it replaces with a dict of
+  other keys, fails validation naming the field and the closest real one."""
+  path = tmp_path / "typo.py"
+  path.write_text(TYPO_FILE.format(line=line))
+  with pytest.raises(InputError, match=message):
+    validate(load(str(path)))
+
+
+def test_empty_prompt_files_are_named(tmp_path):
+  """check_paths names the data field and the file when a prompt file holds no record: an
+  empty jsonl, one of blank lines only, a parquet file of no rows (each would otherwise fail
+  after the model is built, with a traceback)."""
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  good = tmp_path / "good.jsonl"
+  good.write_text('{"prompt": "1 + 1?", "answer": "2"}\n')
+  (tmp_path / "empty.jsonl").write_text("")
+  (tmp_path / "blank.jsonl").write_text("\n  \n")
+  pq.write_table(pa.table({"prompt": pa.array([], pa.string()),
+                           "answer": pa.array([], pa.string())}), tmp_path / "none.parquet")
+  config = load(os.path.join(ROOT, "configs", "demo.py"))
+  config.data.update(source="files", train_files=str(good), heldout_files=str(good))
+  check_paths(config)
+  for name in ("empty.jsonl", "blank.jsonl", "none.parquet"):
+    config.data.train_files = f"{good},{tmp_path / name}"
+    with pytest.raises(InputError, match=rf"^config.data.train_files='.*': .*{name} holds no "
+                                         r"prompt records$"):
+      check_paths(config)
+  config.data.train_files = str(good)
+  config.data.heldout_files = str(tmp_path / "*.parquet")
+  with pytest.raises(InputError, match=r"^config.data.heldout_files=.*none.parquet holds no"):
+    check_paths(config)
+
+
+@pytest.mark.parametrize("mesh,message", [
+    ({"devices": 16}, r"^config.mesh.devices=16: only 8 devices here$"),
+    ({"shape.data": 1, "shape.fsdp": 16},
+     r"^config.mesh.shape / config.mesh.dcn do not fit the 8 devices of this run: "
+     r"mesh \{.*'fsdp': 16.*\} needs 16 devices, have 8$"),
+    ({"shape.fsdp": 3}, r"^config.mesh.shape .*: mesh \{.*'fsdp': 3.*: 8 devices are not "
+                        r"divisible by 3$"),
+    ({"devices": 4, "dcn.data": 3}, r"^config.mesh.shape / config.mesh.dcn do not fit the 4 "
+                                    r"devices .*mesh.dcn \{'data': 3.*: 4 devices do not split "
+                                    r"into 3 slices$"),
+])
+def test_mesh_larger_than_the_machine_is_named(mesh, message):
+  """placement.check_devices (launch/train.py calls it at start) names the mesh field a run's
+  devices cannot satisfy on this host of 8 devices; the fitting and planned meshes pass."""
+  from rl.parallel import placement
+  config = base_config()
+  placement.check_devices(config.mesh)
+  config.mesh.update(auto=True, devices=8)
+  placement.check_devices(config.mesh)
+  config = base_config()
+  for field, value in mesh.items():
+    table, _, key = field.rpartition(".")
+    (config.mesh[table] if table else config.mesh)[key] = value
+  with pytest.raises(InputError, match=message):
+    placement.check_devices(config.mesh)
+
+
+def test_field_notes_come_from_the_comments_beside_the_defaults():
+  """field_notes (what --help lists) reads one sentence per field from the comments of
+  rl/config/defaults.py, models/config.py and rl/core/algorithms.py: every note names a field
+  or section of the schema, every section has one, a field's trailing comment is its note, a
+  block above a field is its note, and no field takes a heading's or its parent's comment."""
+  from rl.config.describe import field_notes
+  notes = field_notes()
+  fields = leaves(base_config())
+  sections = {name.rsplit(".", 1)[0] for name in fields if "." in name}
+  assert set(notes) <= set(fields) | sections
+  assert {s for s in sections if "." not in s} <= set(notes)
+  assert all("\n" not in note for note in notes.values())
+  assert notes["rollout.top_k"] == "sample among the k likeliest tokens (0: off)"
+  assert notes["model.n_kv_heads"] == "0 means n_heads (plain multi-head attention)"
+  assert notes["rl.kl_coef"] == "beta; 0 skips the reference model entirely"
+  assert notes["init_checkpoint"] == "orbax checkpoint directory of an earlier stage (e.g. SFT)"
+  assert notes["optim.offload_state"].startswith("Keep the AdamW state in pinned host memory")
+  assert notes["rollout.streaming"].startswith("Streaming rollouts (rl/rollout/streaming.py)")
+  assert "model.attention" not in notes  # under the heading "--- GQA attention ---" only
+  assert "rollout.streaming.enabled" not in notes  # on its section's line, no comment of its own
+  assert "rl.entropy_coef" in notes and "kl_coef" not in notes["rl.entropy_coef"]
+
+
 def _one_line_error(cmd):
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
                        env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
@@ -179,15 +288,18 @@ def _one_line_error(cmd):
 
 @pytest.mark.parametrize("script", ["train.py", "eval.py"])
 def test_launchers_print_one_line_for_config_typos_and_missing_files(script, tmp_path):
-  """A typo in a --config field, a --config file that does not exist, and (train.py) a
-  tokenizer directory that does not exist: exit status 2 and one line `error: ...` naming the
-  culprit, no traceback, nothing built (no workdir)."""
+  """A typo in a --config field or inside the config file, a --config file that does not exist,
+  and (train.py) a tokenizer directory that does not exist: exit status 2 and one line
+  `error: ...` naming the culprit, no traceback, nothing built (no workdir)."""
   launcher = [sys.executable, os.path.join(ROOT, "launch", script)]
   demo = f"--config={os.path.join(ROOT, 'configs', 'demo.py')}"
   workdir = tmp_path / "workdir"
   extra = ([f"--workdir={workdir}"] if script == "train.py" else
            [f"--checkpoint={tmp_path}", "--dataset=arithmetic"])
+  typo_file = tmp_path / "typo.py"
+  typo_file.write_text(TYPO_FILE.format(line="c.train.stepz = 3"))
   cases = [([demo, "--config.train.stpes=3"], r"'stpes' Did you mean \"steps\""),
+           ([f"--config={typo_file}"], r"config.train.stepz: .*did you mean config.train.steps"),
            ([f"--config={tmp_path / 'nope.py'}"], r"nope.py"),
            ([demo, "--config.optim.lr=nan"], r"config.optim.lr=nan")]
   if script == "train.py":

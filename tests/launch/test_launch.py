@@ -11,10 +11,11 @@ import sys
 import pytest
 import yaml
 
-from launch import dry_run, xm_launch
+from launch import cli, dry_run, xm_launch
 from launch.gke import render
 from models.config import PUBLISHED_PARAMS
 from rl.config.defaults import base_config
+from rl.config.describe import leaves
 from rl.parallel import distributed
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -166,6 +167,112 @@ def test_train_dry_run_flag_prints_the_report():
   assert out.returncode == 0, out.stderr[-2000:]
   assert "params" in out.stdout and "/device" in out.stdout and "256 devices" in out.stdout
   assert not os.path.exists("/tmp/seedrl_dry_run_never_created")
+
+
+# ------------------------------------------------------------------------------- train.py
+
+@pytest.mark.parametrize("config_arg,name", [
+    ("configs/demo.py", "demo"),
+    (f"{ROOT}/configs/demo.py:grpo_v32", "demo_grpo_v32"),
+    ("configs/demo.py:vapo", "demo_vapo"),
+    ("configs/qwen2_5_math_dapo.py:7b", "qwen2_5_math_dapo_7b"),
+    ("configs/demo.py:a/b c", "demo_a_b_c"),
+])
+def test_default_workdir_names_the_variant(config_arg, name):
+  """A run's default workdir (workdir/<run_name>) holds the config file's variant: the DAPO
+  demo and its grpo_v32 variant never resume each other's checkpoints; a variant that is not
+  a plain word stays one path component."""
+  assert cli.run_name(config_arg) == name
+
+
+def test_resuming_a_workdir_under_another_variant_is_refused_on_one_line(tmp_path):
+  """The issue's case: the DAPO demo's workdir (its SFT stage holds a checkpoint and the DAPO
+  config) rerun with configs/demo.py:grpo_v32 and the same --workdir stops at start, exit
+  status 2, one `error:` line naming the rl fields that differ with both values and the flag
+  that allows it; nothing of the run is touched (config.json is still DAPO's, no history)."""
+  import numpy as np
+
+  from rl.jobs import checkpoint
+  sft_dir = tmp_path / "sft"
+  checkpoint.save_run_config(sft_dir, load("demo.py"), step=None)
+  ckpt = checkpoint.Checkpointer(sft_dir / "checkpoints")
+  ckpt.save(1, {"x": np.zeros(1)}, {"step": 1}, force=True)
+  ckpt.close()
+  saved = (sft_dir / "config.json").read_text()
+  out = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "launch", "train.py"),
+       f"--config={os.path.join(ROOT, 'configs', 'demo.py')}:grpo_v32", f"--workdir={tmp_path}"],
+      capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+  errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+  assert out.returncode == 2 and len(errors) == 1, out.stderr
+  assert "Traceback" not in out.stderr
+  assert "config.rl.kl_coef=0.0 there, 0.01 now" in errors[0]
+  assert "config.rl.keep_routing=False there, True now" in errors[0]
+  assert "--allow_config_change" in errors[0]
+  assert (sft_dir / "config.json").read_text() == saved
+  assert not (sft_dir / checkpoint.HISTORY).exists()
+
+
+def test_train_names_a_bad_workdir_or_mesh_at_start(tmp_path):
+  """launch/train.py exits with status 2 and one `error:` line, before anything is built, for a
+  --workdir that is a file or lies inside one, and for a mesh larger than the machine (one CPU
+  device here); nothing is written."""
+  a_file = tmp_path / "notes.txt"
+  a_file.write_text("not a workdir")
+  demo = f"--config={os.path.join(ROOT, 'configs', 'demo.py')}"
+  cases = [([demo, f"--workdir={a_file}"], rf"--workdir={a_file} is a file"),
+           ([demo, f"--workdir={a_file}/run"], rf"--workdir={a_file}/run is inside the file"),
+           ([demo, f"--workdir={tmp_path}/run", "--config.mesh.devices=2"],
+            r"config.mesh.devices=2: only 1 devices here")]
+  for args, culprit in cases:
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "train.py"), *args],
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    assert out.returncode == 2 and len(errors) == 1 and culprit in errors[0], out.stderr
+    assert "Traceback" not in out.stderr
+  assert a_file.read_text() == "not a workdir" and not (tmp_path / "run").exists()
+
+
+def _train(args, **kwargs):
+  return subprocess.run([sys.executable, os.path.join(ROOT, "launch", "train.py"), *args],
+                        capture_output=True, text=True, timeout=300,
+                        env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"), **kwargs)
+
+
+def test_help_lists_every_config_field_with_its_meaning_and_exits_0():
+  """--help and --helpfull print the flags (--print_config among them), then every field of
+  the schema with its default, under its section's one-line meaning, with the field's own
+  meaning where the defaults' comments give one; both exit 0 (absl's exit 1 and list no
+  config field)."""
+  fields = leaves(base_config())
+  for flag in ("--help", "--helpfull"):
+    out = _train([flag])
+    assert out.returncode == 0, out.stderr
+    assert "--print_config" in out.stdout and "--allow_config_change" in out.stdout
+    lines = out.stdout.splitlines()
+    for name, value in fields.items():
+      assert any(line.strip().startswith(f"{name}={value!r}") for line in lines), name
+    assert "    rollout.top_k=0  sample among the k likeliest tokens (0: off)" in lines
+    assert "rl: The update rule (rl/core: advantages, losses, train_step; rl/core/algorithms.py " \
+           "checks it)." in lines
+    assert "    model.max_seq_len=256  context length in tokens (prompt and response)" in lines
+
+
+def test_print_config_prints_the_resolved_config_and_exits(tmp_path):
+  """--print_config prints the run's default workdir and every field of the resolved config
+  (the variant's values and the overrides) as name=value lines, builds nothing and exits 0."""
+  out = _train([f"--config={os.path.join(ROOT, 'configs', 'demo.py')}:grpo_v32",
+                "--config.optim.lr=0.001", "--print_config"], cwd=tmp_path)
+  assert out.returncode == 0, out.stderr
+  want = leaves(load("demo.py", "grpo_v32"))
+  want["optim.lr"] = 0.001
+  lines = out.stdout.splitlines()
+  assert lines[0] == f"# workdir: {os.path.join('workdir', 'demo_grpo_v32')}"
+  assert lines[1:] == [f"{name}={value!r}" for name, value in want.items()]
+  assert "rl.kl_coef=0.01" in lines and "optim.lr=0.001" in lines
+  assert not (tmp_path / "workdir").exists()
 
 
 # ------------------------------------------------------------------------------- XManager

@@ -2,8 +2,8 @@
 SFT-then-RL pipeline): SIGTERM saves at the next step boundary and the rerun ends where an
 uninterrupted run ends; a corrupt latest checkpoint falls back to the step before; resumed runs
 do not log re-run steps twice and add up their wall time; the workdir's config.json refuses a
-resume with another model shape; a gs:// workdir reaches orbax and etils.epath untouched (a
-local fake of GCS, no network)."""
+resume with another model shape, or another config unless allowed (the change then kept); a
+gs:// workdir reaches orbax and etils.epath untouched (a local fake of GCS, no network)."""
 
 import contextlib
 import json
@@ -221,19 +221,63 @@ def test_corrupt_latest_checkpoint_falls_back_and_rows_are_not_doubled(straight_
 
 def test_resume_with_another_model_shape_is_refused_naming_the_fields(straight_run, caplog):
   """The workdir's config.json is the resolved config; resuming it with another d_model and
-  layer count fails before anything is built, naming both fields with both values; a change
-  that keeps every parameter shape (rope_theta) is allowed and logged."""
+  layer count fails before anything is built, naming both fields with both values, even with
+  allow_config_change; a change that keeps every parameter shape (rope_theta) is allowed with
+  it and logged."""
   _, _, workdir = straight_run
   saved = json.loads(open(os.path.join(workdir, "config.json")).read())
   assert saved["model"]["d_model"] == 64 and saved["train"]["steps"] == 3
   with pytest.raises(InputError,
                      match=r"config.model.d_model=64 there, 128 now; config.model.n_layers=2 "
                            r"there, 3 now"):
-    Trainer(tiny_config(**{"model.d_model": 128, "model.n_layers": 3}), workdir)
+    Trainer(tiny_config(**{"model.d_model": 128, "model.n_layers": 3}), workdir,
+            allow_config_change=True)
+  other = os.path.join(os.path.dirname(workdir), "copy")
+  os.makedirs(other)
+  with open(os.path.join(other, "config.json"), "w") as f:
+    json.dump(saved, f)
   with caplog.at_level("WARNING"):
-    checkpoint.save_run_config(workdir, tiny_config(**{"model.rope_theta": 500.0}),
-                               resuming=True)
+    checkpoint.save_run_config(other, tiny_config(**{"model.rope_theta": 500.0}), step=3,
+                               allow_change=True)
   assert "config.model.rope_theta=10000.0 there, 500.0 now" in caplog.text
+
+
+def test_resume_under_another_config_is_refused_unless_allowed_and_kept(tmp_path, caplog):
+  """A resume (a checkpoint step exists) whose config differs from the one the workdir last ran
+  with: another learning rate is refused with one line naming the field, both values and the
+  flag that allows it; a longer run (train.steps) is not; an allowed change is appended to
+  config_history.jsonl with its step, config.json stays the first run's, and the next resume
+  is compared with the newest config."""
+  workdir = str(tmp_path)
+  first = tiny_config()
+  checkpoint.save_run_config(workdir, first, step=None)
+  config_json = (tmp_path / "config.json").read_text()
+  history = tmp_path / "config_history.jsonl"
+  checkpoint.save_run_config(workdir, first, step=3)
+  assert not history.exists()
+  faster = tiny_config(**{"optim.lr": 3e-4})
+  with pytest.raises(InputError) as refused:
+    checkpoint.save_run_config(workdir, faster, step=3)
+  message = str(refused.value)
+  assert "\n" not in message and "config.optim.lr=0.0001 there, 0.0003 now" in message
+  assert "--allow_config_change" in message and "train.steps" not in message
+  longer = tiny_config(**{"train.steps": 6})
+  with caplog.at_level("WARNING"):
+    checkpoint.save_run_config(workdir, longer, step=3)
+  assert "config.train.steps=3 there, 6 now" in caplog.text
+  checkpoint.save_run_config(workdir, tiny_config(**{"train.steps": 6, "optim.lr": 3e-4}),
+                             step=5, allow_change=True)
+  rows = [json.loads(line) for line in history.read_text().splitlines()]
+  assert [r["step"] for r in rows] == [3, 5]
+  assert rows[0]["changed"] == {"train.steps": [3, 6]}
+  assert rows[1]["changed"] == {"optim.lr": [1e-4, 3e-4]}
+  assert rows[1]["config"]["optim"]["lr"] == 3e-4
+  assert (tmp_path / "config.json").read_text() == config_json
+  checkpoint.save_run_config(workdir, tiny_config(**{"train.steps": 6, "optim.lr": 3e-4}),
+                             step=6)
+  with pytest.raises(InputError, match=r"config.optim.lr=0.0003 there, 0.0001 now"):
+    checkpoint.save_run_config(workdir, longer, step=6)
+  assert len(history.read_text().splitlines()) == 2
 
 
 @pytest.fixture
