@@ -35,8 +35,8 @@ from models.tokenizer import load_tokenizer, pad_batch
 from rl.core.policy import build_policy, model_config
 from rl.config.validation import check_paths, validate
 from rl.core import train_step as ts
-from rl.jobs.checkpoint import Checkpointer, PreemptionGuard, Preempted, save_run_config
-from rl.jobs.checkpoint import workdir_path
+from rl.jobs.checkpoint import Checkpointer, MetricsWriter, PreemptionGuard, Preempted
+from rl.jobs.checkpoint import save_run_config, workdir_path
 from rl.parallel.placement import Placement
 from rl.data.entries import encode_prompts, load_entries
 from rl.rewards import puzzles
@@ -137,7 +137,10 @@ def response_nll(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array) -> 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains (or resumes) the SFT stage in `workdir`; returns its metrics. A finished stage is
-  not rerun: its final metrics are returned from the checkpoint."""
+  not rerun: its final metrics are returned from the checkpoint.
+
+  <workdir>/metrics.jsonl and TensorBoard get the held-out loss at step 0 and at the end and,
+  every config.sft.log_every steps, the training loss and the step's auxiliary metrics."""
   t_leg = time.perf_counter()
   c = config
   validate(c)
@@ -258,6 +261,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     metrics = {"sft/eval_loss_start": record["sft/eval_loss_start"]}
     wall_s_before = record["sft/wall_s"]
     logging.info("SFT resumed from %s at step %d", ckpt.directory, start_step)
+  writer = MetricsWriter(workdir, resume_step=start_step)
+  if latest is None:
+    writer.write(0, {"sft/eval_loss": metrics["sft/eval_loss_start"]})
 
   def save(step: int, *, force: bool = False, **final) -> None:
     ckpt.save(step, {"params": params, "rest": rest, "opt_state": opt_state},
@@ -270,6 +276,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   t0 = time.perf_counter()
   step = 0
   loss = float("nan")  # no step left to run in this leg
+  row: dict[str, float] = {}  # the last logged step's metrics
   with PreemptionGuard() as preemption:
     for epoch, rows in enumerate(epoch_rows):
       for i in range(steps_per_epoch[epoch]):
@@ -293,21 +300,29 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
           elapsed = time.perf_counter() - t0
           if router_load is not None:
             aux.update(ts.load_metrics(router_load))
-          extra = "".join(f" {k} {float(v):.3f}" for k, v in aux.items())
+          row = {"sft/train_loss": float(loss), "epoch": epoch,
+                 **{k: float(v) for k, v in aux.items()}}
+          extra = "".join(f" {k} {v:.3f}" for k, v in row.items() if k not in
+                          ("sft/train_loss", "epoch"))
           logging.info("sft step %d/%d epoch %d loss %.4f%s%s ETA %.0fs", step, total, epoch,
-                       float(loss), f" [{stage}]" if stage else "", extra,
+                       row["sft/train_loss"], f" [{stage}]" if stage else "", extra,
                        elapsed / (step - start_step) * (total - step))
+          if step < total:  # the last step's row also holds the final held-out loss
+            writer.write(step, row)
         if step < total:  # the last step's checkpoint is the final one, with its metrics
           save(step)
           if preemption.requested():
             save(step, force=True)
             ckpt.close()
+            writer.close()
             raise Preempted(f"SFT stopped by {preemption.received or 'another process'} after "
                             f"step {step}/{total}; checkpoint saved in {ckpt.directory}: rerun "
                             "the same command to resume")
   final = {"sft/eval_loss": eval_loss(params, rest), "sft/train_loss": float(loss)}
   logging.info("SFT done: eval loss %.4f -> %.4f", metrics["sft/eval_loss_start"],
                final["sft/eval_loss"])
+  writer.write(total, {**row, "sft/eval_loss": final["sft/eval_loss"]})
+  writer.close()
   save(total, force=True, **final)
   ckpt.close()
   return {**metrics, **final, "sft/wall_s": wall_s_before + time.perf_counter() - t_leg}
