@@ -255,12 +255,14 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   latest = ckpt.restore_latest({"params": params, "rest": rest, "opt_state": opt_state})
   if latest is None:
     metrics = {"sft/eval_loss_start": eval_loss(params, rest)}
+    resumed = ""
   else:
     start_step, restored, record = latest
     params, rest, opt_state = restored["params"], restored["rest"], restored["opt_state"]
     metrics = {"sft/eval_loss_start": record["sft/eval_loss_start"]}
     wall_s_before = record["sft/wall_s"]
     logging.info("SFT resumed from %s at step %d", ckpt.directory, start_step)
+    resumed = f", resumed at step {start_step}"
   writer = MetricsWriter(workdir, resume_step=start_step)
   if latest is None:
     writer.write(0, {"sft/eval_loss": metrics["sft/eval_loss_start"]})
@@ -270,8 +272,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
               {"step": step, **metrics, **final,
                "sft/wall_s": wall_s_before + time.perf_counter() - t_leg}, force=force)
 
-  logging.info("SFT: %d examples in rows of %d tokens (%.1f per row), %d steps, eval loss %.4f",
-               len(train_ex), width, len(train_ex) / max(len(epoch_rows[0]), 1), total,
+  # A resumed leg has no current held-out loss (measuring it costs a pass over the held-out
+  # set): the figure shown is labelled with the step it was measured at.
+  logging.info("SFT: %d examples in rows of %d tokens (%.1f per row), %d steps%s, eval loss "
+               "%.4f at step 0", len(train_ex), width,
+               len(train_ex) / max(len(epoch_rows[0]), 1), total, resumed,
                metrics["sft/eval_loss_start"])
   t0 = time.perf_counter()
   step = 0

@@ -143,13 +143,14 @@ def saved_params(directory):
   return step, jax.tree.map(np.asarray, {"params": state["params"], "rest": state["rest"]})
 
 
-def test_sft_preempted_resumes_to_the_uninterrupted_parameters_and_metrics(tmp_path):
+def test_sft_preempted_resumes_to_the_uninterrupted_parameters_and_metrics(tmp_path, caplog):
   """SFT (8 steps, checkpoint_every=100, log_every=2) stopped by SIGTERM after step 3 saves
   step 3 (no final metrics in its record: not done) and raises Preempted; the rerun restores
   parameters, AdamW state and step, skips the data it already saw, and its final checkpoint
   (step 8) holds the uninterrupted run's parameters; its wall time adds both legs. Both runs
   write metrics.jsonl and TensorBoard like RL: held-out loss at steps 0 and 8, training loss
-  every 2 steps; the resumed run's rows equal the uninterrupted run's, none twice."""
+  every 2 steps; the resumed run's rows equal the uninterrupted run's, none twice. Its start
+  line says it resumed and labels the held-out loss it shows as step 0's."""
   from rl.jobs import sft
   config = tiny_config(**{"sft.log_every": 2})
   straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
@@ -162,7 +163,8 @@ def test_sft_preempted_resumes_to_the_uninterrupted_parameters_and_metrics(tmp_p
   assert "sft/eval_loss" not in first_leg
   ckpt.close()
   assert [r["step"] for r in read_metrics(resumed_dir)] == [0, 2]
-  resumed = sft.run(config, str(resumed_dir))
+  with caplog.at_level("INFO", logger="absl"):
+    resumed = sft.run(config, str(resumed_dir))
   want_step, want = saved_params(str(straight_dir / "checkpoints"))
   got_step, got = saved_params(str(resumed_dir / "checkpoints"))
   assert want_step == got_step == 8
@@ -180,6 +182,10 @@ def test_sft_preempted_resumes_to_the_uninterrupted_parameters_and_metrics(tmp_p
   scalars = tensorboard_scalars(straight_dir)
   assert scalars["sft/train_loss"] == [2, 4, 6, 8] and scalars["sft/eval_loss"] == [0, 8]
   assert 4 in tensorboard_restarts(resumed_dir)
+
+  start = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("SFT: "))
+  assert "resumed at step 3" in start
+  assert f"eval loss {straight['sft/eval_loss_start']:.4f} at step 0" in start
 
 
 def tensorboard_events(workdir):
