@@ -37,6 +37,7 @@ from rl.config.validation import check_paths, validate
 from rl.core import train_step as ts
 from rl.jobs.checkpoint import Checkpointer, MetricsWriter, PreemptionGuard, Preempted
 from rl.jobs.checkpoint import save_run_config, workdir_path
+from rl.jobs.progress import Progress
 from rl.parallel.placement import Placement
 from rl.data.entries import encode_prompts, load_entries
 from rl.rewards import puzzles
@@ -135,9 +136,11 @@ def response_nll(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array) -> 
   return -jnp.sum(next_token_logprobs(logits, tokens) * loss_mask[:, 1:])
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+def run(config: ml_collections.ConfigDict, workdir: str, *,
+        job_stage: str = "") -> dict[str, float]:
   """Trains (or resumes) the SFT stage in `workdir`; returns its metrics. A finished stage is
-  not rerun: its final metrics are returned from the checkpoint.
+  not rerun: its final metrics are returned from the checkpoint. `job_stage` ("stage 1/2")
+  opens the progress lines when SFT is one stage of a longer job.
 
   <workdir>/metrics.jsonl and TensorBoard get the held-out loss at step 0 and at the end and,
   every config.sft.log_every steps, the training loss and the step's auxiliary metrics."""
@@ -274,11 +277,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
 
   # A resumed leg has no current held-out loss (measuring it costs a pass over the held-out
   # set): the figure shown is labelled with the step it was measured at.
-  logging.info("SFT: %d examples in rows of %d tokens (%.1f per row), %d steps%s, eval loss "
-               "%.4f at step 0", len(train_ex), width,
+  logging.info("%sSFT: %d examples in rows of %d tokens (%.1f per row), %d steps%s, eval loss "
+               "%.4f at step 0", f"[{job_stage}] " if job_stage else "", len(train_ex), width,
                len(train_ex) / max(len(epoch_rows[0]), 1), total, resumed,
                metrics["sft/eval_loss_start"])
-  t0 = time.perf_counter()
+  progress = Progress(total, start=start_step, stage=job_stage)
   step = 0
   loss = float("nan")  # no step left to run in this leg
   row: dict[str, float] = {}  # the last logged step's metrics
@@ -302,16 +305,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
             rest = jax.device_put(rebalance(params, rest, router_load), placement.replicated)
         step += 1
         if step % s.log_every == 0 or step == total:
-          elapsed = time.perf_counter() - t0
           if router_load is not None:
             aux.update(ts.load_metrics(router_load))
           row = {"sft/train_loss": float(loss), "epoch": epoch,
                  **{k: float(v) for k, v in aux.items()}}
           extra = "".join(f" {k} {v:.3f}" for k, v in row.items() if k not in
                           ("sft/train_loss", "epoch"))
-          logging.info("sft step %d/%d epoch %d loss %.4f%s%s ETA %.0fs", step, total, epoch,
-                       row["sft/train_loss"], f" [{stage}]" if stage else "", extra,
-                       elapsed / (step - start_step) * (total - step))
+          logging.info("%ssft step %d/%d epoch %d loss %.4f%s%s %s", progress.prefix, step,
+                       total, epoch, row["sft/train_loss"], f" [{stage}]" if stage else "",
+                       extra, progress.suffix(step))
           if step < total:  # the last step's row also holds the final held-out loss
             writer.write(step, row)
         if step < total:  # the last step's checkpoint is the final one, with its metrics

@@ -49,13 +49,19 @@ def plot_learning_curve(metrics_path: str | os.PathLike, out_path: str | os.Path
 
 
 def run_sft_then_rl(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict:
+  """Every progress line says which of the two stages it belongs to ("[stage 1/2] sft step
+  ...", "[stage 2/2] step ..."), with that stage's ETA."""
   workdir = workdir_path(workdir)
   sft_dir = workdir / "sft"
-  sft_metrics = sft.run(config, sft_dir)  # returns at once when the stage is done
+  logging.info("stage 1/2: SFT in %s", sft_dir)
+  # Returns at once when the stage is done.
+  sft_metrics = sft.run(config, sft_dir, job_stage="stage 1/2")
   rl_config = ml_collections.ConfigDict(config.to_dict())
   rl_config.init_checkpoint = os.fspath(sft_dir / "checkpoints")
   rl_config.job = "rl"
-  trainer = Trainer(rl_config, workdir / "rl")
+  logging.info("stage 2/2: RL (%s, %d steps) in %s", describe_rl(config), config.train.steps,
+               workdir / "rl")
+  trainer = Trainer(rl_config, workdir / "rl", job_stage="stage 2/2")
   sft_eval_path = sft_dir / "heldout.json"
   if not sft_eval_path.exists():
     if trainer.start_step:
