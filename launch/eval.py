@@ -81,7 +81,10 @@ _PUZZLE_SEED = flags.DEFINE_integer("puzzle_seed", None, "Puzzle generator seed 
                                     "config's data.heldout_seed, else 10000).")
 _DIFFICULTY = flags.DEFINE_integer("difficulty", None, "Puzzle difficulty (default: the "
                                    "config's data.difficulty, else 0).")
-_OUT_DIR = flags.DEFINE_string("out_dir", None, "Output directory (default: ./eval/<model>).")
+_OUT_DIR = flags.DEFINE_string(
+    "out_dir", None, "Output directory (default: ./eval/<HF directory name>, or for a "
+    "--checkpoint ./eval/<run>_<stage>[_step<N>] from its path, e.g. eval/demo_rl for "
+    "workdir/demo/rl/checkpoints).")
 
 
 class EvalError(Exception):
@@ -188,6 +191,19 @@ def load_model():
 
 # ======================================================================== Output
 
+def default_out_dir(hf_dir: str | None, checkpoint: str | None, step: int | None) -> str:
+  """eval/<HF directory name>, or for an orbax checkpoint eval/<run>_<stage>[_step<N>] from
+  the two path components above its checkpoints/ folder: a pipeline's SFT and RL checkpoints
+  (workdir/demo/sft/checkpoints, workdir/demo/rl/checkpoints) get folders of their own."""
+  if hf_dir:
+    return os.path.join("eval", os.path.basename(os.path.normpath(hf_dir)))
+  path = os.path.normpath(os.path.abspath(checkpoint))
+  if os.path.basename(path) == "checkpoints":
+    path = os.path.dirname(path)
+  name = "_".join(part for part in path.split(os.sep)[-2:] if part)
+  return os.path.join("eval", name + (f"_step{step}" if step is not None else ""))
+
+
 def markdown_table(results: dict[str, dict], k: int) -> str:
   """One row per dataset; "-" where a metric is not defined (maj@k for code)."""
   columns = list(dict.fromkeys(["pass@1", f"pass@{k}", f"avg@{k}", f"maj@{k}"]))
@@ -235,8 +251,7 @@ def run() -> dict:
   settings = {"k": _K.value, "temperature": _TEMPERATURE.value, "top_p": _TOP_P.value,
               "top_k": _TOP_K.value, "max_new_tokens": max_new, "template": template,
               "seed": _SEED.value, "batch_size": _BATCH.value}
-  out_dir = _OUT_DIR.value or os.path.join("eval", os.path.basename(os.path.normpath(
-      _HF_DIR.value or _CHECKPOINT.value)))
+  out_dir = _OUT_DIR.value or default_out_dir(_HF_DIR.value, _CHECKPOINT.value, _STEP.value)
   os.makedirs(out_dir, exist_ok=True)
 
   results: dict[str, dict] = {}

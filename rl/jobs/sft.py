@@ -35,8 +35,9 @@ from models.tokenizer import load_tokenizer, pad_batch
 from rl.core.policy import build_policy, model_config
 from rl.config.validation import check_paths, validate
 from rl.core import train_step as ts
-from rl.jobs.checkpoint import Checkpointer, PreemptionGuard, Preempted, save_run_config
-from rl.jobs.checkpoint import workdir_path
+from rl.jobs.checkpoint import Checkpointer, MetricsWriter, PreemptionGuard, Preempted
+from rl.jobs.checkpoint import save_run_config, workdir_path
+from rl.jobs.progress import Progress
 from rl.parallel.placement import Placement
 from rl.data.entries import encode_prompts, load_entries
 from rl.rewards import puzzles
@@ -136,9 +137,13 @@ def response_nll(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array) -> 
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, *,
-        allow_config_change: bool = False) -> dict[str, float]:
+        allow_config_change: bool = False, job_stage: str = "") -> dict[str, float]:
   """Trains (or resumes) the SFT stage in `workdir`; returns its metrics. A finished stage is
-  not rerun: its final metrics are returned from the checkpoint."""
+  not rerun: its final metrics are returned from the checkpoint. `job_stage` ("stage 1/2")
+  opens the progress lines when SFT is one stage of a longer job.
+
+  <workdir>/metrics.jsonl and TensorBoard get the held-out loss at step 0 and at the end and,
+  every config.sft.log_every steps, the training loss and the step's auxiliary metrics."""
   t_leg = time.perf_counter()
   c = config
   validate(c)
@@ -254,25 +259,34 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   if latest is None:
     logging.info("compiling the SFT evaluation (held-out loss before training)...")
     metrics = {"sft/eval_loss_start": eval_loss(params, rest)}
+    resumed = ""
   else:
     start_step, restored, record = latest
     params, rest, opt_state = restored["params"], restored["rest"], restored["opt_state"]
     metrics = {"sft/eval_loss_start": record["sft/eval_loss_start"]}
     wall_s_before = record["sft/wall_s"]
     logging.info("SFT resumed from %s at step %d", ckpt.directory, start_step)
+    resumed = f", resumed at step {start_step}"
+  writer = MetricsWriter(workdir, resume_step=start_step)
+  if latest is None:
+    writer.write(0, {"sft/eval_loss": metrics["sft/eval_loss_start"]})
 
   def save(step: int, *, force: bool = False, **final) -> None:
     ckpt.save(step, {"params": params, "rest": rest, "opt_state": opt_state},
               {"step": step, **metrics, **final,
                "sft/wall_s": wall_s_before + time.perf_counter() - t_leg}, force=force)
 
-  logging.info("SFT: %d examples in rows of %d tokens (%.1f per row), %d steps, eval loss %.4f",
-               len(train_ex), width, len(train_ex) / max(len(epoch_rows[0]), 1), total,
+  # A resumed leg has no current held-out loss (measuring it costs a pass over the held-out
+  # set): the figure shown is labelled with the step it was measured at.
+  logging.info("%sSFT: %d examples in rows of %d tokens (%.1f per row), %d steps%s, eval loss "
+               "%.4f at step 0", f"[{job_stage}] " if job_stage else "", len(train_ex), width,
+               len(train_ex) / max(len(epoch_rows[0]), 1), total, resumed,
                metrics["sft/eval_loss_start"])
-  t0 = time.perf_counter()
+  progress = Progress(total, start=start_step, stage=job_stage)
   step = 0
   loss = float("nan")  # no step left to run in this leg
   compiled_stages = set()
+  row: dict[str, float] = {}  # the last logged step's metrics
   with PreemptionGuard() as preemption:
     for epoch, rows in enumerate(epoch_rows):
       for i in range(steps_per_epoch[epoch]):
@@ -296,24 +310,31 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
             rest = jax.device_put(rebalance(params, rest, router_load), placement.replicated)
         step += 1
         if step % s.log_every == 0 or step == total:
-          elapsed = time.perf_counter() - t0
           if router_load is not None:
             aux.update(ts.load_metrics(router_load))
-          extra = "".join(f" {k} {float(v):.3f}" for k, v in aux.items())
-          logging.info("sft step %d/%d epoch %d loss %.4f%s%s ETA %.0fs", step, total, epoch,
-                       float(loss), f" [{stage}]" if stage else "", extra,
-                       elapsed / (step - start_step) * (total - step))
+          row = {"sft/train_loss": float(loss), "epoch": epoch,
+                 **{k: float(v) for k, v in aux.items()}}
+          extra = "".join(f" {k} {v:.3f}" for k, v in row.items() if k not in
+                          ("sft/train_loss", "epoch"))
+          logging.info("%ssft step %d/%d epoch %d loss %.4f%s%s %s", progress.prefix, step,
+                       total, epoch, row["sft/train_loss"], f" [{stage}]" if stage else "",
+                       extra, progress.suffix(step))
+          if step < total:  # the last step's row also holds the final held-out loss
+            writer.write(step, row)
         if step < total:  # the last step's checkpoint is the final one, with its metrics
           save(step)
           if preemption.requested():
             save(step, force=True)
             ckpt.close()
+            writer.close()
             raise Preempted(f"SFT stopped by {preemption.received or 'another process'} after "
                             f"step {step}/{total}; checkpoint saved in {ckpt.directory}: rerun "
                             "the same command to resume")
   final = {"sft/eval_loss": eval_loss(params, rest), "sft/train_loss": float(loss)}
   logging.info("SFT done: eval loss %.4f -> %.4f", metrics["sft/eval_loss_start"],
                final["sft/eval_loss"])
+  writer.write(total, {**row, "sft/eval_loss": final["sft/eval_loss"]})
+  writer.close()
   save(total, force=True, **final)
   ckpt.close()
   return {**metrics, **final, "sft/wall_s": wall_s_before + time.perf_counter() - t_leg}

@@ -51,15 +51,22 @@ def plot_learning_curve(metrics_path: str | os.PathLike, out_path: str | os.Path
 def run_sft_then_rl(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
                     allow_config_change: bool = False) -> dict:
   """Runs (or resumes) both stages and the comparison; `allow_config_change`: a stage may resume
-  under a config other than the one it ran with (checkpoint.save_run_config)."""
+  under a config other than the one it ran with (checkpoint.save_run_config). Every progress
+  line says which of the two stages it belongs to ("[stage 1/2] sft step ...", "[stage 2/2]
+  step ..."), with that stage's ETA."""
   workdir = workdir_path(workdir)
   sft_dir = workdir / "sft"
+  logging.info("stage 1/2: SFT in %s", sft_dir)
   # Returns at once when the stage is done.
-  sft_metrics = sft.run(config, sft_dir, allow_config_change=allow_config_change)
+  sft_metrics = sft.run(config, sft_dir, allow_config_change=allow_config_change,
+                        job_stage="stage 1/2")
   rl_config = ml_collections.ConfigDict(config.to_dict())
   rl_config.init_checkpoint = os.fspath(sft_dir / "checkpoints")
   rl_config.job = "rl"
-  trainer = Trainer(rl_config, workdir / "rl", allow_config_change=allow_config_change)
+  logging.info("stage 2/2: RL (%s, %d steps) in %s", describe_rl(config), config.train.steps,
+               workdir / "rl")
+  trainer = Trainer(rl_config, workdir / "rl", allow_config_change=allow_config_change,
+                    job_stage="stage 2/2")
   sft_eval_path = sft_dir / "heldout.json"
   if not sft_eval_path.exists():
     if trainer.start_step:

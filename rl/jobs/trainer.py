@@ -35,6 +35,7 @@ from rl.jobs import rl_setup
 from rl.jobs.batch import concat_trajectories, score_trajectories, take_rows
 from rl.jobs.checkpoint import Checkpointer, MetricsWriter, PreemptionGuard, Preempted
 from rl.jobs.checkpoint import save_run_config, workdir_path
+from rl.jobs.progress import Progress
 from rl.rewards.shaping import place_on_last_token
 from rl.rollout import fp8
 from rl.rollout.sources import Rollout
@@ -51,14 +52,16 @@ def _on_mesh(method):
 
 
 class Trainer:
-  """Holds the run's state between steps; `run()` is the loop."""
+  """Holds the run's state between steps; `run()` is the loop. `job_stage` ("stage 2/2") opens
+  the progress lines when RL is one stage of a longer job."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str, *,
-               allow_config_change: bool = False):
+               allow_config_change: bool = False, job_stage: str = ""):
     self.t_leg = time.perf_counter()  # this process's share of the run's wall time
     validate(config)
     check_paths(config)
     self.config = c = config
+    self.job_stage = job_stage
     self.workdir = workdir_path(workdir)
     self.checkpointer = Checkpointer(self.workdir / "checkpoints",
                                      keep=c.train.keep_checkpoints,
@@ -373,8 +376,8 @@ class Trainer:
   def _run(self, preemption: PreemptionGuard) -> dict[str, float]:
     c = self.config
     last: dict[str, float] = {}
-    t_start = time.perf_counter()
     evaluated = False
+    progress = Progress(c.train.steps, start=self.start_step, stage=self.job_stage)
     for step in range(self.start_step, c.train.steps):
       # The first step of a run compiles the rollout and the update (minutes for a big model):
       # said before each, so a silent console is not mistaken for a hang.
@@ -427,11 +430,10 @@ class Trainer:
         last["heldout_acc"] = self.evaluate()
       self.writer.write(step + 1, last)
       if (step + 1) % c.train.log_every == 0:
-        done = step + 1 - self.start_step
-        eta = (time.perf_counter() - t_start) / done * (c.train.steps - step - 1)
-        logging.info("step %d/%d reward %.3f acc %.3f len %.1f tok/s %.0f ETA %.0fs",
-                     step + 1, c.train.steps, last["reward"], last[f"acc/{c.data.task}"],
-                     last["response_len_mean"], last["tokens_per_s"], eta)
+        logging.info("%sstep %d/%d reward %.3f acc %.3f len %.1f tok/s %.0f %s",
+                     progress.prefix, step + 1, c.train.steps, last["reward"],
+                     last[f"acc/{c.data.task}"], last["response_len_mean"],
+                     last["tokens_per_s"], progress.suffix(step + 1))
       self.save(step + 1)
       if step + 1 < c.train.steps and preemption.requested():
         self.save(step + 1, force=True)

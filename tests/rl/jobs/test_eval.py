@@ -339,6 +339,24 @@ def test_orbax_checkpoint_end_to_end(orbax_checkpoints, tmp_path):
   assert rows[0]["gold"] is not None
 
 
+def test_default_out_dirs_of_a_pipelines_sft_and_rl_checkpoints_differ():
+  """launch/eval.py without --out_dir: the SFT and RL checkpoints of one pipeline run (given as
+  their checkpoints/ folders or as the stage folders holding them) and a named step get
+  folders of their own, so one evaluation does not overwrite another's results; an HF
+  directory keeps its name. (A subprocess: launch/eval.py defines absl flags that other
+  launchers imported by tests define too.)"""
+  cases = [("", "workdir/demo/sft/checkpoints", None), ("", "workdir/demo/rl/checkpoints", None),
+           ("", "workdir/demo/rl", None), ("", "workdir/demo/rl/checkpoints/", 25),
+           ("/ckpt/Qwen2.5-Math-1.5B", "", None)]
+  code = ("import json, sys; from launch import eval as e; "
+          f"print(json.dumps([e.default_out_dir(*case) for case in {cases!r}]))")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert json.loads(proc.stdout) == ["eval/demo_sft", "eval/demo_rl", "eval/demo_rl",
+                                     "eval/demo_rl_step25", "eval/Qwen2.5-Math-1.5B"]
+
+
 @pytest.mark.skipif(sandbox.bwrap_path() is None, reason="bubblewrap (bwrap) is not installed")
 def test_humaneval_canonical_solutions_pass():
   """The HumanEval grading path (prompt + extracted completion + check, in the sandbox) passes

@@ -143,47 +143,83 @@ def saved_params(directory):
   return step, jax.tree.map(np.asarray, {"params": state["params"], "rest": state["rest"]})
 
 
-def test_sft_preempted_resumes_to_the_uninterrupted_parameters(tmp_path):
-  """SFT (8 steps, checkpoint_every=100) stopped by SIGTERM after step 3 saves step 3 (no
-  final metrics in its record: not done) and raises Preempted; the rerun restores parameters,
-  AdamW state and step, skips the data it already saw, and its final checkpoint (step 8) holds
-  the uninterrupted run's parameters; its wall time adds both legs."""
+def test_sft_preempted_resumes_to_the_uninterrupted_parameters_and_metrics(tmp_path, caplog):
+  """SFT (8 steps, checkpoint_every=100, log_every=2) stopped by SIGTERM after step 3 saves
+  step 3 (no final metrics in its record: not done) and raises Preempted; the rerun restores
+  parameters, AdamW state and step, skips the data it already saw, and its final checkpoint
+  (step 8) holds the uninterrupted run's parameters; its wall time adds both legs. Both runs
+  write metrics.jsonl and TensorBoard like RL: held-out loss at steps 0 and 8, training loss
+  every 2 steps; the resumed run's rows equal the uninterrupted run's, none twice. Its start
+  line says it resumed and labels the held-out loss it shows as step 0's."""
   from rl.jobs import sft
-  straight = sft.run(tiny_config(), str(tmp_path / "straight"))
+  config = tiny_config(**{"sft.log_every": 2})
+  straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
+  straight = sft.run(config, str(straight_dir))
   with preempt_at_boundary(3), pytest.raises(checkpoint.Preempted, match=r"after step 3/8"):
-    sft.run(tiny_config(), str(tmp_path / "resumed"))
-  ckpt = checkpoint.Checkpointer(str(tmp_path / "resumed" / "checkpoints"))
+    sft.run(config, str(resumed_dir))
+  ckpt = checkpoint.Checkpointer(str(resumed_dir / "checkpoints"))
   assert ckpt.latest_step() == 3
   first_leg = ckpt.record(3)
   assert "sft/eval_loss" not in first_leg
   ckpt.close()
-  resumed = sft.run(tiny_config(), str(tmp_path / "resumed"))
-  want_step, want = saved_params(str(tmp_path / "straight" / "checkpoints"))
-  got_step, got = saved_params(str(tmp_path / "resumed" / "checkpoints"))
+  assert [r["step"] for r in read_metrics(resumed_dir)] == [0, 2]
+  with caplog.at_level("INFO", logger="absl"):
+    resumed = sft.run(config, str(resumed_dir))
+  want_step, want = saved_params(str(straight_dir / "checkpoints"))
+  got_step, got = saved_params(str(resumed_dir / "checkpoints"))
   assert want_step == got_step == 8
   jax.tree.map(np.testing.assert_array_equal, got, want)
   assert resumed["sft/eval_loss"] == straight["sft/eval_loss"]
   assert resumed["sft/wall_s"] > first_leg["sft/wall_s"] > 0
 
+  rows = read_metrics(resumed_dir)
+  assert rows == read_metrics(straight_dir)
+  assert [r["step"] for r in rows] == [0, 2, 4, 6, 8]
+  assert rows[0] == {"step": 0, "sft/eval_loss": straight["sft/eval_loss_start"]}
+  assert rows[-1]["sft/eval_loss"] == straight["sft/eval_loss"]
+  assert rows[-1]["sft/train_loss"] == straight["sft/train_loss"]
+  assert all(np.isfinite(r["sft/train_loss"]) for r in rows[1:])
+  scalars = tensorboard_scalars(straight_dir)
+  assert scalars["sft/train_loss"] == [2, 4, 6, 8] and scalars["sft/eval_loss"] == [0, 8]
+  assert 4 in tensorboard_restarts(resumed_dir)
 
-def tensorboard_restarts(workdir):
-  """Steps of the SessionLog START events in workdir/tb: TensorBoard hides every earlier event
-  at or after such a step (a restarted run's purge)."""
+  start = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("SFT: "))
+  assert "resumed at step 3" in start
+  assert f"eval loss {straight['sft/eval_loss_start']:.4f} at step 0" in start
+
+
+def tensorboard_events(workdir):
+  """The events of every file in workdir/tb, in file order."""
   import glob
   import struct
 
   from tensorboardX.proto import event_pb2
-  starts = []
+  events = []
   for path in sorted(glob.glob(os.path.join(workdir, "tb", "events.*"))):
     data = open(path, "rb").read()
     at = 0
     while at < len(data):
       (length,) = struct.unpack("Q", data[at:at + 8])
-      event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+      events.append(event_pb2.Event.FromString(data[at + 12:at + 12 + length]))
       at += 12 + length + 4
-      if event.HasField("session_log") and event.session_log.status == event_pb2.SessionLog.START:
-        starts.append(event.step)
-  return starts
+  return events
+
+
+def tensorboard_restarts(workdir):
+  """Steps of the SessionLog START events in workdir/tb: TensorBoard hides every earlier event
+  at or after such a step (a restarted run's purge)."""
+  from tensorboardX.proto import event_pb2
+  return [e.step for e in tensorboard_events(workdir) if e.HasField("session_log")
+          and e.session_log.status == event_pb2.SessionLog.START]
+
+
+def tensorboard_scalars(workdir):
+  """{tag: [steps]} of the scalars in workdir/tb."""
+  scalars = {}
+  for event in tensorboard_events(workdir):
+    for value in event.summary.value:
+      scalars.setdefault(value.tag, []).append(event.step)
+  return scalars
 
 
 def test_corrupt_latest_checkpoint_falls_back_and_rows_are_not_doubled(straight_run, tmp_path,
