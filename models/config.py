@@ -72,6 +72,10 @@ class ModelConfig:
   n_group: int = 1  # group-limited routing (sigmoid_noaux): experts split into n_group groups
   topk_group: int = 1  # ... of which the best topk_group groups may be chosen
   moe_dispatch: str = "ragged"  # "dense" is the one-hot reference path
+  # Expert parallelism's capacity per (source, destination) device pair, as a multiple of the
+  # balanced load (models/moe_ep.py); assignments past it are dropped and counted. 0: dropless
+  # (receive buffers sized for the worst case).
+  moe_capacity_factor: float = 0.0
   # Load balancing during training (rl/core/train_step.py, rl/jobs/sft.py). The auxiliary loss
   # alpha * sum_e f_e P_e is computed per sequence and averaged (DeepSeek-V3's sequence-wise
   # balance loss; HF's name for alpha); the bias rate is DeepSeek-V3's gamma: after every
@@ -203,6 +207,9 @@ def _validate(c: ModelConfig) -> None:
       _fail("router", c.router, f"must be one of {ROUTERS}")
     if c.moe_dispatch not in DISPATCHES:
       _fail("moe_dispatch", c.moe_dispatch, f"must be one of {DISPATCHES}")
+    if c.moe_capacity_factor < 0:
+      _fail("moe_capacity_factor", c.moe_capacity_factor,
+            "must be >= 0 (0: dropless; 1.0: the balanced load per device pair)")
     if c.n_group <= 0 or c.n_experts % c.n_group:
       _fail("n_group", c.n_group, f"must divide n_experts={c.n_experts}")
     if c.n_group > 1 and c.n_experts // c.n_group < 2:

@@ -43,6 +43,7 @@ class RouterStats(NamedTuple):
   tokens_per_expert: jax.Array  # [E] assignments counted over valid tokens
   mean_prob: jax.Array  # [E] mean normalised router probability over valid tokens
   aux_loss: jax.Array  # scalar: mean over sequences of E/k * sum_e f_e * P_e (DeepSeek-V3)
+  dropped: jax.Array  # scalar int32: valid assignments the expert capacity dropped (moe_ep)
 
 
 class Router(nnx.Module):
@@ -113,7 +114,7 @@ def router_stats(scores: jax.Array, expert_ids: jax.Array, token_mask: jax.Array
   per_seq = jnp.sum(f * seq_prob / denom, axis=-1)
   has_tokens = (seq_tokens > 0).astype(jnp.float32)
   aux = jnp.sum(per_seq * has_tokens) / jnp.maximum(jnp.sum(has_tokens), 1.0)
-  return RouterStats(counts, mean_prob, aux)
+  return RouterStats(counts, mean_prob, aux, jnp.zeros((), jnp.int32))
 
 
 def aux_free_bias_update(bias: jax.Array, tokens_per_expert: jax.Array, rate: float) -> jax.Array:
@@ -235,8 +236,14 @@ class MoE(nnx.Module):
     stats = router_stats(scores, ids, mask, cfg.n_experts, batch)
     dt = self.compute_dtype
     if (dispatch or cfg.moe_dispatch) == "ragged":
-      # Expert parallelism when the ambient mesh (jax.set_mesh) has an "expert" axis > 1.
-      experts = moe_ep.dispatch_for_mesh(ragged_experts)
+      # Expert parallelism when the ambient mesh (jax.set_mesh) has an "expert" axis > 1,
+      # bounded by the capacity factor (0: dropless).
+      mesh = moe_ep.ambient_mesh()
+      if mesh is not None and cfg.moe_capacity_factor:
+        stats = stats._replace(dropped=moe_ep.dropped_assignments(
+            ids, cfg.n_experts, mesh, cfg.moe_capacity_factor, mask))
+      experts = moe_ep.dispatch_for_mesh(ragged_experts, mesh,
+                                         capacity_factor=cfg.moe_capacity_factor)
       if experts is ragged_experts and kernels.platform() == "cpu":
         experts = cpu_experts
     else:

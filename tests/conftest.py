@@ -21,8 +21,8 @@ def expert_parallel_choices(monkeypatch):
   choices = []
   dispatch = moe_ep.dispatch_for_mesh
 
-  def spy(local_fn, mesh=None):
-    experts = dispatch(local_fn, mesh)
+  def spy(local_fn, mesh=None, **kwargs):
+    experts = dispatch(local_fn, mesh, **kwargs)
     choices.append(experts is not local_fn)
     return experts
 

@@ -194,12 +194,16 @@ def policy_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: d
 def add_router_balance(loss, metrics: dict, stats, coef: float, micro_batches) -> tuple:
   """MoE load balancing terms of one micro-batch: `coef` x the mean over MoE layers of the
   sequence-wise balance loss (divided by the micro-batch count, so micro-batches sum to the
-  mean), and the expert load `router_load` [n_moe_layers, E] for the bias update. Dense
-  models pass through."""
+  mean), the expert load `router_load` [n_moe_layers, E] for the bias update and the share of
+  assignments the expert capacity dropped (`moe_dropped_fraction`). Dense models pass
+  through."""
   if stats is None:
     return loss, metrics
   balance = jnp.mean(stats.aux_loss)
+  # Share of the valid (token, expert) assignments the expert capacity dropped, all MoE layers.
+  dropped = jnp.sum(stats.dropped) / jnp.maximum(jnp.sum(stats.tokens_per_expert), 1.0)
   metrics = dict(metrics, router_aux_loss=balance / micro_batches,
+                 moe_dropped_fraction=dropped / micro_batches,
                  router_load=stats.tokens_per_expert)
   if coef:
     loss = loss + coef * balance / micro_batches

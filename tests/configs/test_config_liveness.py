@@ -119,6 +119,8 @@ PROBES = {
     "model.n_group": ("model", 2, {}),
     "model.topk_group": ("model", 1, {}),
     "model.moe_dispatch": ("model", "dense", {}),
+    # The capacity bounds the expert-parallel exchange: an update on an expert mesh.
+    "model.moe_capacity_factor": ("update", 1.25, {"mesh.devices": 4, "mesh.shape.expert": 4}),
     "model.rms_norm_eps": ("model", 1e-3, {}),
     "model.tie_embeddings": ("model", True, {}),
     "model.head": ("model", "scalar", {}),

@@ -108,8 +108,8 @@ def test_dispatch_for_mesh_uses_ambient_expert_axis(monkeypatch):
   used = []
   dispatch = moe_ep.dispatch_for_mesh
 
-  def spy(local_fn, mesh=None):  # MoE.__call__ asks dispatch_for_mesh for its experts
-    experts = dispatch(local_fn, mesh)
+  def spy(local_fn, mesh=None, **kwargs):  # MoE.__call__ asks dispatch_for_mesh for experts
+    experts = dispatch(local_fn, mesh, **kwargs)
     used.append(experts is not local_fn)
     return experts
 
@@ -130,6 +130,129 @@ def test_real_ragged_all_to_all_path_lowers():
   assert "ragged_all_to_all" in jax.jit(ep).lower(*args).as_text()
   grad = jax.jit(jax.grad(functools.partial(_loss, ep), argnums=(0, 3)))
   assert grad.lower(*args).as_text().count("ragged_all_to_all") >= 4
+
+
+def _kept_by_capacity(ids, mesh_shape, capacity_factor):
+  """[N, k] bool, by the documented rule and written independently of the dispatch: tokens in
+  contiguous blocks over the token shards (the last padded with the last expert); within a
+  block, the rows for one destination device in (expert id, token, choice) order; the first
+  ceil(capacity_factor * rows per block / P) of them kept."""
+  ids = np.asarray(ids)
+  n, k = ids.shape
+  n_dest = mesh_shape["expert"]
+  shards = int(np.prod([s for a, s in mesh_shape.items() if s > 1 and a != "tensor"]))
+  per = -(-n // shards)
+  capacity = min(per * k, max(1, int(np.ceil(capacity_factor * per * k / n_dest))))
+  e_local = N_EXPERTS // n_dest
+  kept = np.zeros((n, k), bool)
+  for shard in range(shards):
+    rows = [(ids[t, j], t, j) for t in range(shard * per, min(n, (shard + 1) * per))
+            for j in range(k)]
+    rows += [(N_EXPERTS - 1, n + i, 0) for i in range(per * (shard + 1) - max(n, per * shard))
+             for _ in range(k)] if shard == shards - 1 else []
+    for dest in range(n_dest):
+      mine = sorted(r for r in rows if r[0] // e_local == dest)
+      for _, t, j in mine[:capacity]:
+        if t < n:
+          kept[t, j] = True
+  return kept
+
+
+@pytest.mark.parametrize("impl", ["padded", "ragged"])
+@pytest.mark.parametrize("shape", MESHES[:2], ids=lambda s: "x".join(f"{k}{v}" for k, v in s.items()))
+def test_bounded_exchange_drops_exactly_the_rows_past_capacity(shape, impl, monkeypatch):
+  """With a capacity factor that overflows (the balanced load, 1.0, on ids skewed towards low
+  experts), the bounded exchange equals dense_experts with the gate weight of exactly the
+  assignments past capacity (by `_kept_by_capacity`) set to 0: those rows pass through (zero
+  expert output), the rest are computed as dropless; outputs and gradients, fp32 rel <= 1e-5.
+  dropped_assignments counts them. Ragged: the collective emulated by all_gather on CPU."""
+  monkeypatch.setattr(jax.lax, "ragged_all_to_all", _ragged_all_to_all_by_gather)
+  mesh = sharding_lib.make_mesh(shape)
+  x, ids, weights, *w = _problem(seed=3)
+  kept = _kept_by_capacity(ids, shape, 1.0)
+  assert 0 < (~kept).sum() < kept.size  # some dropped, some kept
+  bounded = functools.partial(moe_ep.expert_parallel_experts, mesh=mesh, impl=impl,
+                              capacity_factor=1.0)
+  masked = weights * kept
+
+  def loss_bounded(x, weights, *w):
+    return _loss(bounded, x, ids, weights, *w)
+
+  def loss_reference(x, weights, *w):
+    return _loss(moe.dense_experts, x, ids, weights * kept, *w)
+
+  _assert_close(jax.jit(bounded)(x, ids, weights, *w), moe.dense_experts(x, ids, masked, *w))
+  got = jax.jit(jax.grad(loss_bounded, argnums=(0, 2, 3, 4)))(x, weights, *w)
+  want = jax.grad(loss_reference, argnums=(0, 2, 3, 4))(x, weights, *w)
+  for g, r in zip(got, want):
+    _assert_close(g, r)
+  assert int(moe_ep.dropped_assignments(ids, N_EXPERTS, mesh, 1.0)) == (~kept).sum()
+  # Padding tokens' assignments are dropped or kept like any row but are not counted.
+  mask = np.ones(N_TOKENS, bool)
+  mask[::2] = False
+  assert int(moe_ep.dropped_assignments(ids, N_EXPERTS, mesh, 1.0, jnp.asarray(mask))) == (
+      (~kept) & mask[:, None]).sum()
+
+
+@pytest.mark.parametrize("impl", ["padded", "ragged"])
+def test_bounded_exchange_without_overflow_equals_dropless(impl, monkeypatch):
+  """A capacity no pair exceeds (dropped_assignments == 0): the bounded exchange, with its
+  smaller buffers, gives dropless' outputs and gradients (fp32 rel <= 1e-5); its receive buffer
+  is smaller than dropless' in the lowered program."""
+  monkeypatch.setattr(jax.lax, "ragged_all_to_all", _ragged_all_to_all_by_gather)
+  mesh = sharding_lib.make_mesh({"expert": 4, "fsdp": 2})
+  args = _problem(seed=4)
+  factor = 3.0
+  assert int(moe_ep.dropped_assignments(args[1], N_EXPERTS, mesh, factor)) == 0
+  bounded = functools.partial(moe_ep.expert_parallel_experts, mesh=mesh, impl=impl,
+                              capacity_factor=factor)
+  _assert_matches_dense(bounded, args, wrt=(0, 2, 3, 5))
+  # 50 tokens over 8 shards: 7 per shard, 14 rows; capacity ceil(3 * 14 / 4) = 11 < 14.
+  assert moe_ep.pair_capacity(14, 4, factor) == 11
+  assert moe_ep.pair_capacity(14, 4, 0.0) == 14
+
+
+def test_model_counts_what_its_capacity_drops():
+  """The MoE layer under an expert mesh with moe_capacity_factor: each layer's
+  router_stats.dropped is dropped_assignments of the ids it routed (0 under the same mesh when
+  dropless), and the update's moe_dropped_fraction is their sum over the valid assignments."""
+  from rl.core.train_step import add_router_balance
+  mesh = sharding_lib.make_mesh({"expert": 4, "fsdp": 2})
+  tokens = jax.random.randint(jax.random.key(5), (4, 12), 0, 256)
+  outs = {}
+  for factor in (0.0, 0.5):
+    model = build("tiny_qwen3_moe", seed=2, moe_capacity_factor=factor)
+    with jax.set_mesh(mesh):
+      outs[factor] = jax.jit(lambda t, m=model: m.forward(t))(tokens)
+  assert int(jnp.sum(outs[0.0].router_stats.dropped)) == 0
+  out = outs[0.5]
+  dropped = out.router_stats.dropped
+  n_experts = out.router_stats.tokens_per_expert.shape[-1]
+  for layer in range(dropped.shape[0]):
+    ids = out.routing[:, :, layer].reshape(-1, out.routing.shape[-1])
+    assert int(dropped[layer]) == int(moe_ep.dropped_assignments(ids, n_experts, mesh, 0.5))
+  assert int(jnp.sum(dropped)) > 0
+  _, metrics = add_router_balance(0.0, {}, out.router_stats, 0.0, 1)
+  total = float(jnp.sum(out.router_stats.tokens_per_expert))
+  np.testing.assert_allclose(metrics["moe_dropped_fraction"], float(jnp.sum(dropped)) / total)
+
+
+def test_exchange_is_picked_by_the_target_platform():
+  """A TPU (or GPU) program traced on this CPU host takes the ragged exchange the TPU runs:
+  default_impl reads kernels.platform() (the target set while lowering ahead of time), and the
+  lowered MoE layer then contains ragged_all_to_all."""
+  import kernels
+  assert moe_ep.default_impl() == "padded"
+  mesh = sharding_lib.make_mesh({"expert": 4, "fsdp": 2})
+
+  def lowered():  # a new function each time: jit's trace cache does not key on the platform
+    ep = functools.partial(moe_ep.expert_parallel_experts, mesh=mesh)
+    return jax.jit(ep).lower(*_problem()).as_text()
+
+  assert "ragged_all_to_all" not in lowered()
+  with kernels.target_platform("tpu"):
+    assert moe_ep.default_impl() == "ragged"
+    assert "ragged_all_to_all" in lowered()
 
 
 # 16 experts, top 2: one token's experts are an eighth (gathered); 8 and 64 tokens: every expert
