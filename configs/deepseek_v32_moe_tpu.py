@@ -30,9 +30,9 @@ top_p 0.95 within top_k 256, so the kept sets matter).
 
 Memory: run the dry run first. Without activation rematerialisation the full model's policy
 update keeps far more activations per chip than a v5p's 95 GiB of HBM at these sequence lengths.
-The full model also keeps the checkpoint's bfloat16 parameters (float32 ones and their AdamW
-state would not fit 256 chips), and the dry run warns that lr-sized Adam steps round away in
-bfloat16: it needs float32 master weights kept by the optimiser. `:small` trains float32
+The full model keeps the checkpoint's bfloat16 parameters, and AdamW runs on float32 master
+weights kept in the optimiser state (`optim.master_weights`): in bfloat16 alone an Adam step of
+lr 1e-6 is below half an ulp of a typical weight and rounds away. `:small` trains float32
 parameters.
 """
 
@@ -89,6 +89,7 @@ def get_config(arg: str = ""):
                              round_tokens=1024)
 
   c.optim.lr = 1e-6
+  c.optim.master_weights = not small  # bf16 parameters: AdamW on a float32 copy
   c.optim.warmup_steps = 10
   c.optim.weight_decay = 0.1
   c.optim.grad_clip = 1.0

@@ -155,7 +155,7 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   optimizer = ts.make_optimizer(lr=config.optim.lr, warmup_steps=config.optim.warmup_steps,
                                 weight_decay=config.optim.weight_decay,
                                 grad_clip=config.optim.grad_clip, b1=config.optim.b1,
-                                b2=config.optim.b2)
+                                b2=config.optim.b2, master_weights=config.optim.master_weights)
   opt_state = jax.eval_shape(optimizer.init, params)
   opt_shardings = sharding_lib.optimizer_shardings(opt_state, params, param_shardings, mesh)
 
@@ -193,7 +193,8 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   # it rounds away in a 16-bit parameter dtype.
   dtype = jnp.dtype(cfg.param_dtype)
   half_ulp = 0.5 * float(jnp.finfo(dtype).eps) * 2.0 ** math.floor(math.log2(cfg.init_std))
-  out["updates_round_away"] = dtype.itemsize < 4 and config.optim.lr < half_ulp
+  out["updates_round_away"] = (dtype.itemsize < 4 and config.optim.lr < half_ulp
+                               and not config.optim.master_weights)
   critic_bytes = _critic_bytes(cfg, optimizer, mesh) if config.rl.use_critic else 0
   out["critic_bytes_per_device"] = critic_bytes
 
@@ -333,7 +334,8 @@ def format_report(r: dict[str, Any]) -> list[str]:
                  f"(offloaded {what})")
   if r["updates_round_away"]:
     lines.append(f"WARNING: parameters are {r['param_dtype']}: Adam steps of ~lr are below half "
-                 "an ulp of a typical weight and round away (use param_dtype float32)")
+                 "an ulp of a typical weight and round away (set config.optim.master_weights=True, "
+                 "or param_dtype float32)")
   if r["replicated_params"]:
     names = ", ".join(name for name, _ in r["replicated_params"][:3])
     lines.append(f"WARNING: {len(r['replicated_params'])} parameter name(s) of >= 1 MiB stay whole "

@@ -124,6 +124,9 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
       critic_lr=2e-4,  # the critic's learning rate (rl.use_critic)
       # Keep the AdamW state in pinned host memory between updates (models/remat.py).
       offload_state=False,
+      # AdamW on float32 master weights kept in the optimiser state (train_step.fp32_master):
+      # for bf16 parameters, whose own rounding would drop lr-sized steps.
+      master_weights=False,
   ))
   # Supervised fine-tuning (rl/jobs/sft.py; the tool warm start reads batch_size, lr, grad_clip).
   c.sft = ml_collections.ConfigDict(dict(

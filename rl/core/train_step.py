@@ -35,9 +35,39 @@ class TrainState(NamedTuple):
   step: jax.Array
 
 
+class MasterState(NamedTuple):
+  master: Any  # float32 copy of every parameter: what the optimiser updates
+  inner: Any  # the wrapped optimiser's state, over the float32 copy
+
+
+def fp32_master(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`inner` run on float32 master weights kept in the optimiser state: each step updates the
+  master copy in float32 and sets the parameters to it rounded to their own dtype. A bf16
+  parameter otherwise loses every AdamW step smaller than half its ulp (at lr 1e-6 and weights
+  near 0.01, all of them); with a master copy the steps accumulate until they show."""
+
+  def init(params):
+    master = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
+    return MasterState(master, inner.init(master))
+
+  def update(grads, state, params=None):
+    grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+    steps, inner_state = inner.update(grads, state.inner, state.master)
+    master = optax.apply_updates(state.master, steps)
+    # Exact in float32 (both ends are representable in the parameter's dtype), so
+    # apply_updates lands each parameter on its master weight rounded to its dtype.
+    updates = jax.tree.map(
+        lambda m, p: m.astype(p.dtype).astype(jnp.float32) - p.astype(jnp.float32),
+        master, params)
+    return updates, MasterState(master, inner_state)
+
+  return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(*, lr: float, warmup_steps: int | None, weight_decay: float,
                    grad_clip: float, decay_steps: int = 0, final_lr_fraction: float = 1.0,
-                   b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransformation:
+                   b1: float = 0.9, b2: float = 0.999,
+                   master_weights: bool = False) -> optax.GradientTransformation:
   """Every optimiser of the project (RL policy and critic, SFT, the preference trainers, the
   tool-use warm start): global-norm clip of the gradient, then AdamW (optax's eps, weight decay
   on every parameter) with the learning rate
@@ -49,6 +79,9 @@ def make_optimizer(*, lr: float, warmup_steps: int | None, weight_decay: float,
                                       its first step at lr 0);
     warmup_steps=w, decay_steps=n     linear from 0 over min(w, n - 1) steps, then cosine decay
                                       to final_lr_fraction * lr at step n (SFT).
+
+  master_weights: the whole chain runs on float32 master weights (`fp32_master`), for
+  parameters stored in 16 bits.
   """
   if warmup_steps is None:
     learning_rate = lr
@@ -60,8 +93,9 @@ def make_optimizer(*, lr: float, warmup_steps: int | None, weight_decay: float,
     warmup = optax.linear_schedule(0.0, lr, max(warmup_steps, 1))
     learning_rate = optax.join_schedules([warmup, optax.constant_schedule(lr)],
                                          [max(warmup_steps, 1)])
-  return optax.chain(optax.clip_by_global_norm(grad_clip),
-                     optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay))
+  chain = optax.chain(optax.clip_by_global_norm(grad_clip),
+                      optax.adamw(learning_rate, b1=b1, b2=b2, weight_decay=weight_decay))
+  return fp32_master(chain) if master_weights else chain
 
 
 def gradient_step(loss_fn: Callable, optimizer: optax.GradientTransformation) -> Callable:

@@ -59,7 +59,8 @@ def make_optimizer(c: ml_collections.ConfigDict, lr: float):
   """AdamW of config.optim at learning rate `lr` (policy and critic differ only in it)."""
   return ts.make_optimizer(lr=lr, warmup_steps=c.optim.warmup_steps,
                            weight_decay=c.optim.weight_decay, grad_clip=c.optim.grad_clip,
-                           b1=c.optim.b1, b2=c.optim.b2)
+                           b1=c.optim.b1, b2=c.optim.b2,
+                           master_weights=c.optim.master_weights)
 
 
 def policy(c: ml_collections.ConfigDict, placement: Placement):

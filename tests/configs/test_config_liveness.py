@@ -119,6 +119,7 @@ PROBES = {
     "model.n_group": ("model", 2, {}),
     "model.topk_group": ("model", 1, {}),
     "model.moe_dispatch": ("model", "dense", {}),
+    "optim.master_weights": ("update", True, {"model.param_dtype": "bfloat16"}),
     # The capacity bounds the expert-parallel exchange: an update on an expert mesh.
     "model.moe_capacity_factor": ("update", 1.25, {"mesh.devices": 4, "mesh.shape.expert": 4}),
     "model.rms_norm_eps": ("model", 1e-3, {}),
