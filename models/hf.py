@@ -60,8 +60,13 @@ def _rope(hf: dict) -> dict:
                yarn_beta_slow=float(params.get("beta_slow") or 1),
                yarn_mscale=float(mscale) if both else 1.0,
                yarn_mscale_all_dim=float(all_dim) if both else 0.0)
+  elif kind == "llama3":
+    out.update(llama3_factor=float(params["factor"]),
+               llama3_low_freq_factor=float(params["low_freq_factor"]),
+               llama3_high_freq_factor=float(params["high_freq_factor"]),
+               llama3_original_max_len=int(params["original_max_position_embeddings"]))
   elif kind != "default":
-    raise CheckpointError(f"rope type {kind!r} is not supported (default or yarn)")
+    raise CheckpointError(f"rope type {kind!r} is not supported (default, yarn or llama3)")
   return out
 
 
@@ -90,6 +95,8 @@ def _config_from_hf(hf: dict, dtype: str) -> ModelConfig:
   if family in ("qwen2", "qwen3", "qwen3_moe", "llama"):
     if family != "qwen2" and hf.get("attention_bias"):
       raise CheckpointError("attention_bias=True (an o_proj bias) is not supported")
+    if hf.get("mlp_bias"):
+      raise CheckpointError("mlp_bias=True is not supported")
     cfg = dict(common, attention="gqa", n_kv_heads=hf.get("num_key_value_heads") or 0,
                head_dim=hf.get("head_dim") or 0, qkv_bias=family == "qwen2",
                qk_norm=family in ("qwen3", "qwen3_moe"))
@@ -155,6 +162,11 @@ def config_to_hf(cfg: ModelConfig) -> dict:
                 beta_fast=cfg.yarn_beta_fast, beta_slow=cfg.yarn_beta_slow)
     if cfg.yarn_mscale_all_dim:
       rope.update(mscale=cfg.yarn_mscale, mscale_all_dim=cfg.yarn_mscale_all_dim)
+  if cfg.llama3_factor > 1:
+    rope.update(rope_type="llama3", factor=cfg.llama3_factor,
+                low_freq_factor=cfg.llama3_low_freq_factor,
+                high_freq_factor=cfg.llama3_high_freq_factor,
+                original_max_position_embeddings=cfg.llama3_original_max_len)
   hf: dict[str, Any] = dict(
       model_type=family, architectures=[ARCHITECTURES[family]], vocab_size=cfg.vocab_size,
       hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,

@@ -26,6 +26,13 @@ FAMILIES = {
               dict(num_key_value_heads=2)),
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
               dict(num_key_value_heads=2, head_dim=16)),
+    # Llama 3.x rope scaling with a short original context, so that the 4 rope frequencies of
+    # head_dim 8 fall in all three bands (kept, blended, divided by the factor).
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+              dict(num_key_value_heads=2, head_dim=8,
+                   rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0,
+                                        low_freq_factor=1.0, high_freq_factor=4.0,
+                                        original_max_position_embeddings=64))),
     "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
                   dict(num_key_value_heads=2, head_dim=8, num_experts=8, num_experts_per_tok=2,
                        moe_intermediate_size=16, norm_topk_prob=True)),
@@ -178,7 +185,7 @@ def test_bench_peer_in_another_interpreter(ckpt_root):
   assert f"hf in its own interpreter: torch {torch.__version__}" in report, report
 
 
-@pytest.mark.parametrize("family", ["qwen2", "deepseek_v32"])
+@pytest.mark.parametrize("family", ["qwen2", "llama", "deepseek_v32"])
 def test_export_round_trip(family, ckpt_root, tmp_path):
   """Our save_pretrained -> transformers from_pretrained -> the same logits."""
   model = hf.load_pretrained(hf_checkpoint(family, ckpt_root), dtype="float32")
