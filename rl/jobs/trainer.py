@@ -252,7 +252,8 @@ class Trainer:
     rewards = {k: np.concatenate([r[k] for _, r in kept]) for k in kept[0][1]}
     first = stats.pop("first")
     stats.update(t_rollout=t_rollout, t_reward=t_reward, raw_acc=float(first["acc"].mean()),
-                 raw_len_mean=float(first["lengths"].mean()))
+                 raw_len_mean=float(first["lengths"].mean()),
+                 domain_acc=batch_lib.accuracy_by_domain(first_entries, first["acc"]))
     # The first generation batch is the step's unfiltered sample (dynamic sampling would bias).
     stats["curriculum"] = self.curriculum.observe(step, first_entries, first["acc"])
     self._follow_curriculum()
@@ -396,8 +397,8 @@ class Trainer:
       lengths = np.asarray(traj.response_mask).sum(-1)
       generated = stats["gen_batches"] * c.train.prompts_per_step * c.train.samples_per_prompt
       last = {
-          "reward": float(rewards["scores"].mean()), f"acc/{c.data.task}": stats["raw_acc"],
-          "kept_acc": float(rewards["acc"].mean()),
+          "reward": float(rewards["scores"].mean()), "acc": stats["raw_acc"],
+          **stats["domain_acc"], "kept_acc": float(rewards["acc"].mean()),
           "response_len_mean": stats["raw_len_mean"], "response_len_max": float(lengths.max()),
           "truncation_rate": float(np.asarray(traj.truncated).mean()),
           "kept_group_fraction": stats["groups_kept"] / max(stats["groups_seen"], 1),
@@ -415,7 +416,7 @@ class Trainer:
         done = step + 1 - self.start_step
         eta = (time.perf_counter() - t_start) / done * (c.train.steps - step - 1)
         logging.info("step %d/%d reward %.3f acc %.3f len %.1f tok/s %.0f ETA %.0fs",
-                     step + 1, c.train.steps, last["reward"], last[f"acc/{c.data.task}"],
+                     step + 1, c.train.steps, last["reward"], last["acc"],
                      last["response_len_mean"], last["tokens_per_s"], eta)
       self.save(step + 1)
       if step + 1 < c.train.steps and preemption.requested():

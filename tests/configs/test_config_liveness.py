@@ -539,7 +539,7 @@ def probe_run(c, workdir, res):
   rewards = {"scores": np.zeros(4, np.float32), "acc": np.zeros(4, np.float32)}
   stats = {"gen_batches": 1, "groups_seen": 2, "groups_kept": 2, "filled_groups": 0,
            "t_rollout": 0.0, "t_reward": 0.0, "raw_acc": 0.0, "raw_len_mean": 1.0,
-           "curriculum": {}, "source": {}}
+           "domain_acc": {}, "curriculum": {}, "source": {}}
   t.collect = lambda step: (traj, rewards, dict(stats))
   t.advantages = lambda traj, rewards: {}
   t.build_batch = lambda traj, rewards, advs: {"response_mask": np.ones((4, 4))}
