@@ -6,7 +6,9 @@ import os
 
 from absl import app, flags
 
+from models.sharding import MESH_AXES
 from rl.config.validation import validate
+from rl.core.checks import InputError
 
 
 def no_arguments(argv: list[str]) -> None:
@@ -29,3 +31,16 @@ def config_name() -> str:
   """The --config file's name without its folder and .py (configs/demo.py:vapo -> "demo"): the
   default workdir of a run and the title of its job."""
   return os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
+
+
+def mesh_shape(flag: str, spec: str) -> dict[str, int]:
+  """A --mesh flag's "axis=size,..." (one size may be -1: the devices left over) as a dict;
+  an InputError naming the flag and the bad part."""
+  shape = {}
+  for part in spec.split(","):
+    axis, _, size = part.partition("=")
+    if axis not in MESH_AXES or not size.lstrip("-").isdigit():
+      raise InputError(f"--{flag}={spec}: {part!r} is not axis=size with an axis of "
+                           f"{', '.join(MESH_AXES)}")
+    shape[axis] = int(size)
+  return shape

@@ -73,17 +73,6 @@ def run_config(workdir: str) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(json.load(f))
 
 
-def parse_mesh(spec: str) -> dict[str, int]:
-  shape = {}
-  for part in spec.split(","):
-    axis, _, size = part.partition("=")
-    if axis not in sharding_lib.MESH_AXES or not size.lstrip("-").isdigit():
-      raise InputError(f"--mesh={spec}: {part!r} is not axis=size with an axis of "
-                       f"{', '.join(sharding_lib.MESH_AXES)}")
-    shape[axis] = int(size)
-  return shape
-
-
 def export(checkpoint: str, out: str, *, step: int | None = None, dtype: str | None = None,
            mesh_shape: dict[str, int] | None = None) -> int:
   """Writes the policy of `checkpoint` (a run's checkpoint directory or workdir) at `step`
@@ -123,7 +112,7 @@ def main(argv):
   from rl.parallel import distributed
   distributed.initialize_from_env()
   export(_CHECKPOINT.value, _OUT.value, step=_STEP.value, dtype=_DTYPE.value,
-         mesh_shape=parse_mesh(_MESH.value))
+         mesh_shape=cli.mesh_shape("mesh", _MESH.value))
 
 
 if __name__ == "__main__":

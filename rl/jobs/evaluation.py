@@ -370,9 +370,11 @@ class Samples:
 def evaluate(graphdef, state, problems: Sequence[Problem], prompts: Sequence[Sequence[int]],
              tokenizer, cfg: rollout_lib.RolloutConfig, *, num_samples: int, batch_size: int,
              template: str, seed: int = 0, grade_workers: int = 2,
-             on_batch: Callable[[int, Samples], None] | None = None) -> Samples:
+             on_batch: Callable[[int, Samples], None] | None = None, mesh=None) -> Samples:
   """Samples `num_samples` responses per problem, `batch_size` problems per engine call, and
   grades each batch as it arrives; `on_batch(problems_done, samples_so_far)` reports progress.
+  With `mesh` (the state placed on it, e.g. by load_policy_checkpoint) the engine's rows split
+  over its batch axes; the samples do not depend on it.
 
   Every call has the same shapes (prompt width: the longest prompt of the dataset, rounded up to
   cfg.prompt_bucket; rows: batch_size x num_samples), so the engine compiles once.
@@ -390,7 +392,7 @@ def evaluate(graphdef, state, problems: Sequence[Problem], prompts: Sequence[Seq
     batch = problems[first:first + batch_size]
     rng = jax.random.fold_in(jax.random.key(seed), batch_index)
     traj = trajectories.generate(graphdef, state, prompts[first:first + batch_size], rng, cfg,
-                                 num_samples=num_samples)
+                                 num_samples=num_samples, mesh=mesh)
     tokens = np.asarray(traj.tokens)
     response_mask = np.asarray(traj.response_mask).astype(bool)
     texts = [tokenizer.decode(row[mask]) for row, mask in zip(tokens, response_mask)]
