@@ -5,7 +5,9 @@ qwen3, qwen3_moe, llama, deepseek_v3, deepseek_v32) to our ModelConfig and fills
 tensor by tensor: each parameter is read from its safetensors shard, converted and placed with
 its target sharding before the next is read, so host memory stays near one parameter (an MoE
 layer's experts: one stacked expert tensor). `save_pretrained(model, path)` writes the same
-format back, which transformers (and so vLLM / SGLang) load.
+format back, which transformers (and so vLLM / SGLang) load, just as frugally: tensor by
+tensor into files laid out from the shapes alone, each sharded parameter gathered on its own.
+Llama 3.x rope scaling (`rope_type="llama3"`) and YaRN map to ModelConfig fields both ways.
 
 A broken directory fails with a CheckpointError naming the culprit: a config.json field that is
 missing, a shard that is missing or not a readable safetensors file (e.g. truncated), a tensor
