@@ -113,6 +113,8 @@ def check_flags() -> dict[str, int]:
                     "with)")
   elif not os.path.isdir(_CHECKPOINT.value):
     raise EvalError(f"--checkpoint={_CHECKPOINT.value}: no such directory")
+  if _MESH.value:
+    cli.mesh_shape("mesh", _MESH.value)
   if _K.value < 1 or _BATCH.value < 1 or _LIMIT.value < 0:
     raise EvalError("--k and --batch_size must be >= 1, --limit >= 0")
   if not _DATASETS.value:
