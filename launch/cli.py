@@ -8,6 +8,7 @@ import sys
 
 from absl import app, flags
 
+from models.sharding import MESH_AXES
 from rl.config.defaults import base_config
 from rl.config.describe import field_notes, leaves
 from rl.config.validation import validate
@@ -113,3 +114,16 @@ def define_help_flags() -> None:
   for name, short_name, full in (("help", "?", False), ("helpshort", None, False),
                                  ("helpfull", None, True)):
     flags.DEFINE_flag(_HelpFlag(name, short_name, full))
+
+
+def mesh_shape(flag: str, spec: str) -> dict[str, int]:
+  """A --mesh flag's "axis=size,..." (one size may be -1: the devices left over) as a dict;
+  an InputError naming the flag and the bad part."""
+  shape = {}
+  for part in spec.split(","):
+    axis, _, size = part.partition("=")
+    if axis not in MESH_AXES or not size.lstrip("-").isdigit():
+      raise InputError(f"--{flag}={spec}: {part!r} is not axis=size with an axis of "
+                           f"{', '.join(MESH_AXES)}")
+    shape[axis] = int(size)
+  return shape

@@ -9,6 +9,10 @@
   # puzzle task is evaluated on the trainer's held-out set:
   python launch/eval.py --config=configs/demo.py --checkpoint=workdir/demo/rl/checkpoints \
       --dataset=arithmetic --k=4
+  # A policy bigger than one device: restored straight into its shards on a mesh (default for a
+  # --checkpoint: the --config's mesh), the samples' rows split over its batch axes:
+  python launch/eval.py --config=configs/qwen2_5_math_dapo.py --checkpoint=workdir/qwen \
+      --mesh=fsdp=8 --dataset=math500
 
 Writes <out_dir>/results.json (settings and metrics per dataset), <out_dir>/results.md (the
 table, also printed) and <out_dir>/samples.jsonl (every response with its grade), logging a
@@ -37,6 +41,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from launch import cli, logs  # noqa: E402
 from models import hf  # noqa: E402
+from models import sharding  # noqa: E402
 from models.tokenizer import load_tokenizer  # noqa: E402
 from rl.core.checks import InputError  # noqa: E402
 from rl.config.validation import validate  # noqa: E402
@@ -85,6 +90,11 @@ _OUT_DIR = flags.DEFINE_string(
     "out_dir", None, "Output directory (default: ./eval/<HF directory name>, or for a "
     "--checkpoint ./eval/<run>_<stage>[_step<N>] from its path, e.g. eval/demo_rl for "
     "workdir/demo/rl/checkpoints).")
+_MESH = flags.DEFINE_string(
+    "mesh", None, "Mesh the model is loaded onto and sampled on: comma-separated axis=size over "
+    "this host's devices (one may be -1: the devices left over), e.g. fsdp=4,tensor=2. "
+    "Default: the --config's mesh (config.mesh) for a --checkpoint, one device for an "
+    "--hf_dir.")
 
 
 class EvalError(Exception):
@@ -110,6 +120,8 @@ def check_flags() -> dict[str, int]:
                     "with)")
   elif not os.path.isdir(_CHECKPOINT.value):
     raise EvalError(f"--checkpoint={_CHECKPOINT.value}: no such directory")
+  if _MESH.value:
+    cli.mesh_shape("mesh", _MESH.value)
   if _K.value < 1 or _BATCH.value < 1 or _LIMIT.value < 0:
     raise EvalError("--k and --batch_size must be >= 1, --limit >= 0")
   if not _DATASETS.value:
@@ -167,16 +179,30 @@ def load_problems(name: str, limit: int) -> list[evaluation.Problem]:
 
 # ======================================================================== Model
 
-def load_model():
-  """(model, tokenizer, description of the checkpoint) from the flags."""
+def eval_mesh():
+  """The mesh of --mesh, else the --config's (config.mesh), else None (one device)."""
+  if _MESH.value:
+    try:
+      return sharding.make_mesh(cli.mesh_shape("mesh", _MESH.value))
+    except ValueError as e:
+      raise EvalError(f"--mesh={_MESH.value}: {e}") from None
+  if _CONFIG.value is not None:
+    from rl.parallel.placement import Placement
+    return Placement.from_config(_CONFIG.value).mesh
+  return None
+
+
+def load_model(mesh):
+  """(model, tokenizer, description of the checkpoint) from the flags, placed on `mesh` (each
+  parameter straight into its shards) or, without one, on the first device."""
   if _HF_DIR.value:
-    model = hf.load_pretrained(_HF_DIR.value, dtype=_DTYPE.value)
+    model = hf.load_pretrained(_HF_DIR.value, dtype=_DTYPE.value, mesh=mesh)
     described = {"hf_dir": os.path.abspath(_HF_DIR.value), "dtype": _DTYPE.value}
     tokenizer_spec = _TOKENIZER.value or _HF_DIR.value
   else:
     try:
       model, step = evaluation.load_policy_checkpoint(_CONFIG.value, _CHECKPOINT.value,
-                                                      _STEP.value)
+                                                      _STEP.value, mesh=mesh)
     except (FileNotFoundError, ValueError) as e:
       raise EvalError(f"--checkpoint: {e}") from None
     described = {"checkpoint": os.path.abspath(_CHECKPOINT.value), "step": step,
@@ -239,7 +265,8 @@ def run() -> dict:
                     "identical", _K.value)
 
   t0 = time.perf_counter()
-  model, tokenizer, described = load_model()
+  mesh = eval_mesh()
+  model, tokenizer, described = load_model(mesh)
   logging.info("model loaded in %.1f s: %s", time.perf_counter() - t0, described)
   graphdef, state = nnx.split(model)
   # Rows of a padded embedding past the tokenizer's vocabulary are never sampled.
@@ -274,7 +301,7 @@ def run() -> dict:
       samples = evaluation.evaluate(
           graphdef, state, items, prompts, tokenizer, cfg, num_samples=_K.value,
           batch_size=_BATCH.value, template=template, seed=_SEED.value,
-          grade_workers=_WORKERS.value, on_batch=progress)
+          grade_workers=_WORKERS.value, on_batch=progress, mesh=mesh)
       code = evaluation.dataset_kind(name) == "code"
       metrics = evaluation.summarize(samples.correct, samples.lengths, samples.truncated,
                                      None if code else samples.answers)
@@ -284,6 +311,7 @@ def run() -> dict:
         samples_file.write(json.dumps(record, ensure_ascii=False) + "\n")
       logging.info("[%s] %s", name, json.dumps(metrics))
 
+  settings["mesh"] = None if mesh is None else dict(mesh.shape)
   record = {"model": described, "settings": settings, "device": jax.devices()[0].device_kind,
             "datasets": results}
   with open(os.path.join(out_dir, "results.json"), "w") as f:

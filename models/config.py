@@ -59,6 +59,13 @@ class ModelConfig:
   yarn_beta_slow: float = 1.0
   yarn_mscale: float = 1.0
   yarn_mscale_all_dim: float = 0.0
+  # Llama 3.x rope scaling (HF rope_type "llama3"): factor > 1 turns it on. Wavelengths above
+  # original_max_len / low_freq_factor are divided by the factor, those below
+  # original_max_len / high_freq_factor kept, and the band between blended smoothly.
+  llama3_factor: float = 1.0
+  llama3_low_freq_factor: float = 1.0
+  llama3_high_freq_factor: float = 4.0
+  llama3_original_max_len: int = 8192
   max_seq_len: int = 4096  # context length in tokens (prompt and response)
   # --- MoE ---
   n_experts: int = 0  # 0: dense model
@@ -233,6 +240,16 @@ def _validate(c: ModelConfig) -> None:
           f"the aux-loss-free bias belongs to the 'sigmoid_noaux' router, not {c.router!r}")
   if c.yarn_factor < 1.0:
     _fail("yarn_factor", c.yarn_factor, "must be >= 1 (1 disables YaRN)")
+  if c.llama3_factor < 1.0:
+    _fail("llama3_factor", c.llama3_factor, "must be >= 1 (1 disables llama3 rope scaling)")
+  if c.llama3_factor > 1.0:
+    if c.yarn_factor > 1.0:
+      _fail("llama3_factor", c.llama3_factor, "and yarn_factor > 1: pick one rope scaling")
+    if not 0 < c.llama3_low_freq_factor < c.llama3_high_freq_factor:
+      _fail("llama3_low_freq_factor", c.llama3_low_freq_factor,
+            f"must be in (0, llama3_high_freq_factor={c.llama3_high_freq_factor})")
+    if c.llama3_original_max_len <= 0:
+      _fail("llama3_original_max_len", c.llama3_original_max_len, "must be positive")
   why = remat_lib.check_policy(c.remat, c.remat_names)
   if why:
     _fail("remat", c.remat, why)

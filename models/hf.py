@@ -5,7 +5,9 @@ qwen3, qwen3_moe, llama, deepseek_v3, deepseek_v32) to our ModelConfig and fills
 tensor by tensor: each parameter is read from its safetensors shard, converted and placed with
 its target sharding before the next is read, so host memory stays near one parameter (an MoE
 layer's experts: one stacked expert tensor). `save_pretrained(model, path)` writes the same
-format back, which transformers (and so vLLM / SGLang) load.
+format back, which transformers (and so vLLM / SGLang) load, just as frugally: tensor by
+tensor into files laid out from the shapes alone, each sharded parameter gathered on its own.
+Llama 3.x rope scaling (`rope_type="llama3"`) and YaRN map to ModelConfig fields both ways.
 
 A broken directory fails with a CheckpointError naming the culprit: a config.json field that is
 missing, a shard that is missing or not a readable safetensors file (e.g. truncated), a tensor
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any, Callable
 
 import jax
@@ -29,7 +32,6 @@ import numpy as np
 from absl import logging
 from flax import nnx
 from safetensors import safe_open
-from safetensors.numpy import save_file
 
 from models import sharding as sharding_lib
 from models.config import ModelConfig
@@ -39,6 +41,11 @@ FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "llama", "deepseek_v3", "deepseek_v32
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "llama": "LlamaForCausalLM",
                  "deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
+
+
+# The files of an HF tokenizer that an export copies beside the weights.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "generation_config.json", "chat_template.jinja")
 
 
 class CheckpointError(ValueError):
@@ -60,8 +67,13 @@ def _rope(hf: dict) -> dict:
                yarn_beta_slow=float(params.get("beta_slow") or 1),
                yarn_mscale=float(mscale) if both else 1.0,
                yarn_mscale_all_dim=float(all_dim) if both else 0.0)
+  elif kind == "llama3":
+    out.update(llama3_factor=float(params["factor"]),
+               llama3_low_freq_factor=float(params["low_freq_factor"]),
+               llama3_high_freq_factor=float(params["high_freq_factor"]),
+               llama3_original_max_len=int(params["original_max_position_embeddings"]))
   elif kind != "default":
-    raise CheckpointError(f"rope type {kind!r} is not supported (default or yarn)")
+    raise CheckpointError(f"rope type {kind!r} is not supported (default, yarn or llama3)")
   return out
 
 
@@ -90,6 +102,8 @@ def _config_from_hf(hf: dict, dtype: str) -> ModelConfig:
   if family in ("qwen2", "qwen3", "qwen3_moe", "llama"):
     if family != "qwen2" and hf.get("attention_bias"):
       raise CheckpointError("attention_bias=True (an o_proj bias) is not supported")
+    if hf.get("mlp_bias"):
+      raise CheckpointError("mlp_bias=True is not supported")
     cfg = dict(common, attention="gqa", n_kv_heads=hf.get("num_key_value_heads") or 0,
                head_dim=hf.get("head_dim") or 0, qkv_bias=family == "qwen2",
                qk_norm=family in ("qwen3", "qwen3_moe"))
@@ -155,6 +169,11 @@ def config_to_hf(cfg: ModelConfig) -> dict:
                 beta_fast=cfg.yarn_beta_fast, beta_slow=cfg.yarn_beta_slow)
     if cfg.yarn_mscale_all_dim:
       rope.update(mscale=cfg.yarn_mscale, mscale_all_dim=cfg.yarn_mscale_all_dim)
+  if cfg.llama3_factor > 1:
+    rope.update(rope_type="llama3", factor=cfg.llama3_factor,
+                low_freq_factor=cfg.llama3_low_freq_factor,
+                high_freq_factor=cfg.llama3_high_freq_factor,
+                original_max_position_embeddings=cfg.llama3_original_max_len)
   hf: dict[str, Any] = dict(
       model_type=family, architectures=[ARCHITECTURES[family]], vocab_size=cfg.vocab_size,
       hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
@@ -193,7 +212,10 @@ def _t(x):  # HF Linear [out, in] -> ours [in, out]
 
 
 def param_mapping(cfg: ModelConfig) -> dict[tuple, tuple[list[str], Callable, Callable]]:
-  """Our parameter path -> (HF tensor names, to_ours(*hf) -> array, to_hf(ours) -> list)."""
+  """Our parameter path -> (HF tensor names, to_ours(*hf) -> array, to_hf(ours) -> list).
+
+  to_hf only reshapes and transposes (numpy views, no copies), so it also gives the HF shapes
+  of a parameter from a zero-strided stand-in without allocating it (`_hf_shapes`)."""
   m: dict[tuple, tuple[list[str], Callable, Callable]] = {}
 
   def linear(path, name, out_shape=None):
@@ -201,12 +223,12 @@ def param_mapping(cfg: ModelConfig) -> dict[tuple, tuple[list[str], Callable, Ca
       w = _t(w)
       return w.reshape(w.shape[0], *out_shape) if out_shape else w
     def to_hf(k):
-      return [np.ascontiguousarray(k.reshape(k.shape[0], -1).T)]
+      return [k.reshape(k.shape[0], -1).T]
     m[path] = ([name], to_ours, to_hf)
 
   def out_proj(path, name, heads, head_dim):
     m[path] = ([name], lambda w: _t(w).reshape(heads, head_dim, -1),
-               lambda k: [np.ascontiguousarray(k.reshape(heads * head_dim, -1).T)])
+               lambda k: [k.reshape(heads * head_dim, -1).T])
 
   def copy(path, name, shape=None):
     m[path] = ([name], (lambda w: w.reshape(shape)) if shape else (lambda w: w),
@@ -269,7 +291,7 @@ def param_mapping(cfg: ModelConfig) -> dict[tuple, tuple[list[str], Callable, Ca
     for ours, theirs in (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj")):
       names = [f"{hm}.experts.{e}.{theirs}.weight" for e in experts]
       m[M + (ours,)] = (names, lambda *ws: np.stack([_t(w) for w in ws]),
-                        lambda k: [np.ascontiguousarray(x.T) for x in k])
+                        lambda k: [x.T for x in k])
     if cfg.n_shared_experts:
       mlp(M + ("shared",), f"{hm}.shared_experts")
   return m
@@ -377,43 +399,103 @@ def load_pretrained(path: str, dtype: str = "bfloat16", mesh=None, rules=None,
 
 # ---------------------------------------------------------------------------------- Save
 
+SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64"}
+
+
+def _hf_shapes(to_hf: Callable, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+  """The shapes of the HF tensors of one parameter of `shape`, without its values."""
+  return [tuple(t.shape) for t in to_hf(np.broadcast_to(np.float32(0), shape))]
+
+
+def _plan_shards(tensors: list[tuple[str, tuple[int, ...]]], itemsize: int,
+                 max_shard_bytes: int) -> list[list[tuple[str, tuple[int, ...]]]]:
+  """Consecutive runs of (name, shape), each run at most max_shard_bytes (or one tensor)."""
+  shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+  size = 0
+  for name, shape in tensors:
+    nbytes = int(np.prod(shape)) * itemsize
+    if size + nbytes > max_shard_bytes and shards[-1]:
+      shards.append([])
+      size = 0
+    shards[-1].append((name, shape))
+    size += nbytes
+  return shards
+
+
+def _safetensors_header(shard: list[tuple[str, tuple[int, ...]]], dtype: str,
+                        itemsize: int) -> bytes:
+  """The 8-byte length and JSON header of a safetensors file holding `shard` in order."""
+  header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+  offset = 0
+  for name, shape in shard:
+    end = offset + int(np.prod(shape)) * itemsize
+    header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(shape),
+                    "data_offsets": [offset, end]}
+    offset = end
+  text = json.dumps(header, separators=(",", ":")).encode()
+  text += b" " * (-(len(text) + 8) % 8)  # the data starts 8-byte aligned
+  return len(text).to_bytes(8, "little") + text
+
+
 def save_pretrained(model: Transformer, path: str, *, dtype: str | None = None,
                     tokenizer_dir: str | None = None, max_shard_bytes: int = 4 << 30) -> None:
-  """Writes config.json + (sharded, indexed) model safetensors that transformers loads."""
+  """Writes config.json + (sharded, indexed) model safetensors that transformers loads.
+
+  Tensor by tensor: the layout of every file (names, shapes, offsets) is planned from the
+  parameters' shapes alone; then each parameter is brought to the host, converted to `dtype`
+  (default: the model's param_dtype) and appended to its file before the next is read. Host
+  memory holds one parameter at a time (the largest: the embedding or one MoE layer's stacked
+  experts), never the whole model. A parameter sharded over several processes is gathered from
+  their shards (every process takes part in each gather; process 0 writes the files), so a
+  model that fits no single host's memory still exports as long as its largest parameter does.
+  """
+  from models.sharding import to_host
   cfg = model.cfg
-  os.makedirs(path, exist_ok=True)
   hf_cfg = config_to_hf(cfg)
-  if dtype:
-    hf_cfg["torch_dtype"] = dtype
-  out_dtype = np.dtype(jnp.dtype(dtype or cfg.param_dtype))
+  out_dtype = str(jnp.dtype(dtype or cfg.param_dtype))
+  if out_dtype not in SAFETENSORS_DTYPES:
+    raise ValueError(f"export dtype {out_dtype!r}: one of {sorted(SAFETENSORS_DTYPES)}")
+  hf_cfg["torch_dtype"] = out_dtype
+  itemsize = jnp.dtype(out_dtype).itemsize
   mapping = param_mapping(cfg)
-  shards: list[dict[str, np.ndarray]] = [{}]
-  size = 0
-  for path_key, var in nnx.state(model).flat_state():
-    names, _, to_hf = mapping[tuple(path_key)]
-    for name, tensor in zip(names, to_hf(np.asarray(jax.device_get(var.get_value()),
-                                                    np.float32))):
-      tensor = np.ascontiguousarray(tensor.astype(out_dtype))
-      if size + tensor.nbytes > max_shard_bytes and shards[-1]:
-        shards.append({})
-        size = 0
-      shards[-1][name] = tensor
-      size += tensor.nbytes
-  if len(shards) == 1:
-    save_file(shards[0], os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-  else:
-    weight_map = {}
-    for i, shard in enumerate(shards):
-      fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-      save_file(shard, os.path.join(path, fname), metadata={"format": "pt"})
-      weight_map.update({name: fname for name in shard})
+  params = [(var, mapping[tuple(key)]) for key, var in nnx.state(model).flat_state()]
+  tensors = [(name, shape) for var, (names, _, to_hf) in params
+             for name, shape in zip(names, _hf_shapes(to_hf, var.get_value().shape))]
+  shards = _plan_shards(tensors, itemsize, max_shard_bytes)
+  files = (["model.safetensors"] if len(shards) == 1 else
+           [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+  writer = jax.process_index() == 0
+  if writer:
+    os.makedirs(path, exist_ok=True)
+  ends = np.cumsum([len(s) for s in shards])  # tensors[:ends[i]] are in files[:i + 1]
+  shard_index, written, out = -1, 0, None
+  try:
+    for var, (_, _, to_hf) in params:
+      value = np.asarray(jax.device_get(to_host(var.get_value())))
+      for tensor in to_hf(value):
+        if not writer:
+          continue
+        if written == (ends[shard_index] if shard_index >= 0 else 0):
+          if out is not None:
+            out.close()
+          shard_index += 1
+          out = open(os.path.join(path, files[shard_index]), "wb")
+          out.write(_safetensors_header(shards[shard_index], out_dtype, itemsize))
+        np.ascontiguousarray(tensor.astype(out_dtype)).tofile(out)
+        written += 1
+      del value
+  finally:
+    if out is not None:
+      out.close()
+  if not writer:
+    return
+  if len(shards) > 1:
+    weight_map = {name: files[i] for i, shard in enumerate(shards) for name, _ in shard}
     with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
       json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=1)
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(hf_cfg, f, indent=1)
   if tokenizer_dir:
-    import shutil
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                 "generation_config.json", "chat_template.jinja"):
+    for name in TOKENIZER_FILES:
       if os.path.exists(os.path.join(tokenizer_dir, name)):
         shutil.copy(os.path.join(tokenizer_dir, name), os.path.join(path, name))

@@ -210,6 +210,8 @@ def rope_frequencies(dim: int, cfg: ModelConfig) -> tuple[jax.Array, float]:
   """Inverse frequencies [dim/2] and the cos/sin magnitude factor (YaRN's mscale ratio)."""
   exponents = jnp.arange(0, dim, 2, dtype=jnp.float32) / dim
   inv_freq = 1.0 / (cfg.rope_theta**exponents)
+  if cfg.llama3_factor > 1.0:
+    return _llama3_frequencies(inv_freq, cfg), 1.0
   if cfg.yarn_factor <= 1.0:
     return inv_freq, 1.0
   # YaRN: interpolate low frequencies by `factor`, keep high ones, ramp linearly between the
@@ -228,6 +230,21 @@ def rope_frequencies(dim: int, cfg: ModelConfig) -> tuple[jax.Array, float]:
   mscale = (yarn_get_mscale(cfg.yarn_factor, cfg.yarn_mscale)
             / yarn_get_mscale(cfg.yarn_factor, cfg.yarn_mscale_all_dim))
   return inv_freq, mscale
+
+
+def _llama3_frequencies(inv_freq: jax.Array, cfg: ModelConfig) -> jax.Array:
+  """Llama 3.x scaling (Meta's `apply_scaling`, HF's rope_type "llama3"): long wavelengths
+  (beyond original_max_len / low_freq_factor) slowed by `factor`, short ones (below
+  original_max_len / high_freq_factor) kept, the band between interpolated linearly in
+  original_max_len / wavelength."""
+  factor, low, high = cfg.llama3_factor, cfg.llama3_low_freq_factor, cfg.llama3_high_freq_factor
+  old_len = cfg.llama3_original_max_len
+  wavelen = 2 * math.pi / inv_freq
+  scaled = jnp.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+  smooth = (old_len / wavelen - low) / (high - low)
+  smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+  medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+  return jnp.where(medium, smoothed, scaled)
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, cfg: ModelConfig, *,

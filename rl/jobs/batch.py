@@ -40,6 +40,14 @@ class ResponseGrader:
     return {}
 
 
+def accuracy_by_domain(entries: Sequence[Mapping[str, Any]], acc: np.ndarray
+                       ) -> dict[str, float]:
+  """`acc/<domain>`: the rows' mean accuracy per domain of their entries: a generated puzzle's
+  task, a tool episode's environment, else a prompt record's domain (math, code, ...)."""
+  domains = np.array([e.get("env") or domain_of(e) for e in entries])
+  return {f"acc/{d}": float(np.mean(acc[domains == d])) for d in sorted(set(domains.tolist()))}
+
+
 def score_trajectories(traj, entries, grader, cfg: ml_collections.ConfigDict
                        ) -> dict[str, np.ndarray]:
   """Grades the rows (`grader`: ResponseGrader or ToolEpisodes) and shapes the reward: DAPO's

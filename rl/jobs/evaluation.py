@@ -191,8 +191,13 @@ def load_problems(name: str, *, data_dir: str = DEFAULT_DATA_DIR, limit: int = 0
 
 # ======================================================================== Model
 
-def load_policy_checkpoint(config, directory: str, step: int | None = None):
+def load_policy_checkpoint(config, directory: str, step: int | None = None, mesh=None):
   """(model, step): the policy of one of our orbax checkpoints, on the model `config` builds.
+
+  Without `mesh` it is restored onto the first device. With a mesh, each parameter is restored
+  straight into its shards by its logical axes (models/sharding.py rules; every process reads
+  only its own devices' slices) and the rest replicated, so a policy too big for one device
+  restores as long as the mesh holds it.
 
   Reads an SFT state {"params"} or an RL state {"policy": TrainState, "rest"}; of the latter only
   the policy parameters and the rest (e.g. router biases) are read, not the optimiser moments.
@@ -236,9 +241,7 @@ def load_policy_checkpoint(config, directory: str, step: int | None = None):
     else:
       raise ValueError(f"{directory} step {step} holds {sorted(saved)}: neither an SFT "
                        "{'params'} nor an RL {'policy', 'rest'} state")
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                            target)
+    abstract = _placed(target, mesh)
     restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
         item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
         partial_restore=True)))["state"]
@@ -248,7 +251,35 @@ def load_policy_checkpoint(config, directory: str, step: int | None = None):
     params, rest = restored["policy"]["params"], restored["rest"]
   else:
     params, rest = restored["params"], restored.get("rest", rest)
+  if mesh is not None:  # an older SFT state's rest was built above, on the default device
+    rest = jax.device_put(rest, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
   return nnx.merge(graphdef, params, rest), step
+
+
+def _placed(target: dict, mesh) -> dict:
+  """`target` (abstract nnx states) as ShapeDtypeStructs with the shardings a restore fills:
+  the first device, or on `mesh` the parameters by their logical axes and the rest
+  replicated."""
+  from flax import nnx
+
+  from models import sharding as sharding_lib
+  if mesh is None:
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                        target)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+  def on_mesh(key, state):
+    if key == "rest":
+      return jax.tree.map(
+          lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), state)
+    shardings = sharding_lib.state_shardings(state, mesh)
+    return jax.tree.map(
+        lambda v, s: v.replace(jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype,
+                                                    sharding=s)),
+        state, shardings, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  return {key: ({"params": on_mesh("params", value["params"])} if key == "policy"
+                else on_mesh(key, value)) for key, value in target.items()}
 
 
 # ======================================================================== Prompts
@@ -339,9 +370,11 @@ class Samples:
 def evaluate(graphdef, state, problems: Sequence[Problem], prompts: Sequence[Sequence[int]],
              tokenizer, cfg: rollout_lib.RolloutConfig, *, num_samples: int, batch_size: int,
              template: str, seed: int = 0, grade_workers: int = 2,
-             on_batch: Callable[[int, Samples], None] | None = None) -> Samples:
+             on_batch: Callable[[int, Samples], None] | None = None, mesh=None) -> Samples:
   """Samples `num_samples` responses per problem, `batch_size` problems per engine call, and
   grades each batch as it arrives; `on_batch(problems_done, samples_so_far)` reports progress.
+  With `mesh` (the state placed on it, e.g. by load_policy_checkpoint) the engine's rows split
+  over its batch axes; the samples do not depend on it.
 
   Every call has the same shapes (prompt width: the longest prompt of the dataset, rounded up to
   cfg.prompt_bucket; rows: batch_size x num_samples), so the engine compiles once.
@@ -359,7 +392,7 @@ def evaluate(graphdef, state, problems: Sequence[Problem], prompts: Sequence[Seq
     batch = problems[first:first + batch_size]
     rng = jax.random.fold_in(jax.random.key(seed), batch_index)
     traj = trajectories.generate(graphdef, state, prompts[first:first + batch_size], rng, cfg,
-                                 num_samples=num_samples)
+                                 num_samples=num_samples, mesh=mesh)
     tokens = np.asarray(traj.tokens)
     response_mask = np.asarray(traj.response_mask).astype(bool)
     texts = [tokenizer.decode(row[mask]) for row, mask in zip(tokens, response_mask)]

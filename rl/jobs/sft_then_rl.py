@@ -25,13 +25,13 @@ from rl.jobs.trainer import Trainer
 
 
 def plot_learning_curve(metrics_path: str | os.PathLike, out_path: str | os.PathLike, *,
-                        sft_acc: float, task: str) -> None:
+                        sft_acc: float) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   rows = [json.loads(line) for line in epath.Path(metrics_path).read_text().splitlines()]
   fig, ax = plt.subplots(figsize=(6, 4))
-  ax.plot([r["step"] for r in rows], [r[f"acc/{task}"] for r in rows], label="train accuracy",
+  ax.plot([r["step"] for r in rows], [r["acc"] for r in rows], label="train accuracy",
           alpha=0.6)
   evals = [r for r in rows if "heldout_acc" in r]
   ax.plot([0] + [r["step"] for r in evals], [sft_acc] + [r["heldout_acc"] for r in evals],
@@ -83,7 +83,7 @@ def run_sft_then_rl(config: ml_collections.ConfigDict, workdir: str | os.PathLik
              "algorithm": describe_rl(config), "task": config.data.task}
   (workdir / "results.json").write_text(json.dumps(results, indent=1))
   plot_learning_curve(workdir / "rl" / "metrics.jsonl", workdir / "learning_curve.png",
-                      sft_acc=sft_acc, task=config.data.task)
+                      sft_acc=sft_acc)
   table = (f"\n| checkpoint | held-out accuracy ({results['heldout_size']} problems) |\n"
            f"| --- | --- |\n| SFT | {sft_acc:.3f} |\n| RL ({results['algorithm']}) | {rl_acc:.3f} |\n"
            f"wall time {results['wall_s']:.0f} s; results in {workdir}/results.json")

@@ -258,7 +258,8 @@ class Trainer:
     rewards = {k: np.concatenate([r[k] for _, r in kept]) for k in kept[0][1]}
     first = stats.pop("first")
     stats.update(t_rollout=t_rollout, t_reward=t_reward, raw_acc=float(first["acc"].mean()),
-                 raw_len_mean=float(first["lengths"].mean()))
+                 raw_len_mean=float(first["lengths"].mean()),
+                 domain_acc=batch_lib.accuracy_by_domain(first_entries, first["acc"]))
     # The first generation batch is the step's unfiltered sample (dynamic sampling would bias).
     stats["curriculum"] = self.curriculum.observe(step, first_entries, first["acc"])
     self._follow_curriculum()
@@ -411,8 +412,8 @@ class Trainer:
       lengths = np.asarray(traj.response_mask).sum(-1)
       generated = stats["gen_batches"] * c.train.prompts_per_step * c.train.samples_per_prompt
       last = {
-          "reward": float(rewards["scores"].mean()), f"acc/{c.data.task}": stats["raw_acc"],
-          "kept_acc": float(rewards["acc"].mean()),
+          "reward": float(rewards["scores"].mean()), "acc": stats["raw_acc"],
+          **stats["domain_acc"], "kept_acc": float(rewards["acc"].mean()),
           "response_len_mean": stats["raw_len_mean"], "response_len_max": float(lengths.max()),
           "truncation_rate": float(np.asarray(traj.truncated).mean()),
           "kept_group_fraction": stats["groups_kept"] / max(stats["groups_seen"], 1),
@@ -432,7 +433,7 @@ class Trainer:
       if (step + 1) % c.train.log_every == 0:
         logging.info("%sstep %d/%d reward %.3f acc %.3f len %.1f tok/s %.0f %s",
                      progress.prefix, step + 1, c.train.steps, last["reward"],
-                     last[f"acc/{c.data.task}"], last["response_len_mean"],
+                     last["acc"], last["response_len_mean"],
                      last["tokens_per_s"], progress.suffix(step + 1))
       self.save(step + 1)
       if step + 1 < c.train.steps and preemption.requested():

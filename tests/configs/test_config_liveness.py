@@ -64,6 +64,8 @@ BASE = {
 
 GQA = {"model.attention": "gqa", "model.dsa": False}
 YARN = {"model.yarn_factor": 4.0}
+# An original context short enough that the rope frequencies fall in all three llama3 bands.
+LLAMA3 = {"model.llama3_factor": 8.0, "model.llama3_original_max_len": 64}
 CRITIC = {"rl.use_critic": True}
 GAE = {"rl.estimator": "gae", "rl.use_critic": True}
 KL = {"rl.kl_coef": 0.1}
@@ -108,6 +110,10 @@ PROBES = {
     "model.yarn_beta_slow": ("model", 0.05, YARN),  # moves its high end
     "model.yarn_mscale": ("model", 0.5, YARN),
     "model.yarn_mscale_all_dim": ("model", 1.0, YARN),
+    "model.llama3_factor": ("model", 8.0, {"model.llama3_original_max_len": 64}),
+    "model.llama3_original_max_len": ("model", 64, {"model.llama3_factor": 8.0}),
+    "model.llama3_low_freq_factor": ("model", 0.5, LLAMA3),  # moves the blend of the band
+    "model.llama3_high_freq_factor": ("model", 2.0, LLAMA3),
     "model.n_experts": ("model", 16, {}),
     "model.n_experts_per_tok": ("model", 3, {}),
     "model.moe_mlp_dim": ("model", 16, {}),
@@ -537,7 +543,7 @@ def probe_run(c, workdir, res, *, skipped=0.0):
   rewards = {"scores": np.zeros(4, np.float32), "acc": np.zeros(4, np.float32)}
   stats = {"gen_batches": 1, "groups_seen": 2, "groups_kept": 2, "filled_groups": 0,
            "t_rollout": 0.0, "t_reward": 0.0, "raw_acc": 0.0, "raw_len_mean": 1.0,
-           "curriculum": {}, "source": {}}
+           "domain_acc": {}, "curriculum": {}, "source": {}}
   t.collect = lambda step: (traj, rewards, dict(stats))
   t.advantages = lambda traj, rewards: {}
   t.build_batch = lambda traj, rewards, advs: {"response_mask": np.ones((4, 4))}

@@ -19,51 +19,10 @@ transformers = pytest.importorskip("transformers")
 from models import hf  # noqa: E402
 from models import sharding  # noqa: E402
 
-COMMON = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-              intermediate_size=48, max_position_embeddings=256, rms_norm_eps=1e-6)
-FAMILIES = {
-    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
-              dict(num_key_value_heads=2)),
-    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
-              dict(num_key_value_heads=2, head_dim=16)),
-    "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM,
-                  dict(num_key_value_heads=2, head_dim=8, num_experts=8, num_experts_per_tok=2,
-                       moe_intermediate_size=16, norm_topk_prob=True)),
-    "deepseek_v3": (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM,
-                    dict(num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
-                         qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
-                         n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
-                         n_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2,
-                         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
-                                              original_max_position_embeddings=64,
-                                              beta_fast=32, beta_slow=1, mscale=1.0,
-                                              mscale_all_dim=1.0))),
-    "deepseek_v32": (transformers.DeepseekV32Config, transformers.DeepseekV32ForCausalLM,
-                     dict(num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
-                          qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
-                          n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
-                          n_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2,
-                          index_n_heads=8, index_head_dim=8, index_topk=5)),
-}
+from tiny_hf import COMMON, FAMILIES  # noqa: E402
+import tiny_hf  # noqa: E402
 
-
-@functools.lru_cache(maxsize=None)
-def hf_checkpoint(family: str, root: str) -> str:
-  """A tiny random transformers model of the family, saved with save_pretrained."""
-  config_cls, model_cls, extra = FAMILIES[family]
-  torch.manual_seed(0)
-  config = config_cls(**COMMON, **extra)
-  config._attn_implementation = "eager"
-  model = model_cls(config).eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      p.copy_(torch.randn_like(p) * (0.5 if "norm" in name else 0.08) + ("norm" in name) * 1.0)
-    for name, buf in model.named_buffers():
-      if "e_score_correction_bias" in name:  # a saved buffer: randomise it or it goes untested
-        buf.copy_(torch.rand_like(buf) * 0.05)
-  path = os.path.join(root, family)
-  model.save_pretrained(path)
-  return path
+hf_checkpoint = functools.lru_cache(maxsize=None)(tiny_hf.hf_checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +191,7 @@ def test_cpu_seconds_counts_the_whole_process_tree():
   assert used > 0.05, used  # the shell itself sleeps: the time is its child's
 
 
-@pytest.mark.parametrize("family", ["qwen2", "deepseek_v32"])
+@pytest.mark.parametrize("family", ["qwen2", "llama", "deepseek_v32"])
 def test_export_round_trip(family, ckpt_root, tmp_path):
   """Our save_pretrained -> transformers from_pretrained -> the same logits."""
   model = hf.load_pretrained(hf_checkpoint(family, ckpt_root), dtype="float32")
@@ -351,3 +310,25 @@ def test_model_dsa_layer_through_kernels_matches_transformers(tmp_path):
   assert out.index_topk[0].shape[-1] == 5 < tokens.shape[1]
   for b, n in enumerate(lengths):
     np.testing.assert_allclose(np.asarray(out.logits)[b, :n], expected[b, :n], atol=1e-4, rtol=0)
+
+
+def test_export_holds_one_parameter_at_a_time(tmp_path):
+  """save_pretrained streams: the host memory it allocates (numpy buffers, traced) peaks below
+  3.5x the largest parameter and below half the model, where building every tensor before
+  writing (as it did) needs the whole model; the written files load back to the same values."""
+  import tracemalloc
+  from models.transformer import build
+  model = build("tiny_dense", seed=0, vocab_size=4096, d_model=256, mlp_dim=1024, n_layers=4)
+  sizes = [v.get_value().nbytes for _, v in nnx.state(model).flat_state()]
+  tracemalloc.start()
+  try:
+    hf.save_pretrained(model, str(tmp_path / "export"), max_shard_bytes=8 << 20)
+    _, peak = tracemalloc.get_traced_memory()
+  finally:
+    tracemalloc.stop()
+  assert peak < 3.5 * max(sizes) and peak < sum(sizes) / 2, (peak, max(sizes), sum(sizes))
+  back = hf.load_pretrained(str(tmp_path / "export"), dtype="float32")
+  for (key, got), (_, want) in zip(nnx.state(back).flat_state(),
+                                   nnx.state(model).flat_state()):
+    np.testing.assert_array_equal(np.asarray(got.get_value()), np.asarray(want.get_value()),
+                                  err_msg=str(key))

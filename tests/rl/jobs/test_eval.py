@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 import tokenizers
+from flax import nnx
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from models.padding import round_up
@@ -149,8 +150,10 @@ def test_unknown_dataset_and_missing_data_dir(tmp_path):
 
 # ======================================================================== End to end
 
-def _run_eval(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+def _run_eval(*args: str, timeout: float = 240, devices: int = 1
+              ) -> subprocess.CompletedProcess:
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
   return subprocess.run([sys.executable, os.path.join(REPO, "launch", "eval.py"), *args],
                         capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
 
@@ -355,6 +358,60 @@ def test_default_out_dirs_of_a_pipelines_sft_and_rl_checkpoints_differ():
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert json.loads(proc.stdout) == ["eval/demo_sft", "eval/demo_rl", "eval/demo_rl",
                                      "eval/demo_rl_step25", "eval/Qwen2.5-Math-1.5B"]
+
+
+def test_sharded_evaluation_equals_single_device(orbax_checkpoints):
+  """The RL checkpoint restored onto an 8-device mesh (data 2 x fsdp 2 x tensor 2: parameters
+  sharded, rows split) samples the responses the single-device restore samples (k=4 at
+  temperature 1 on 8 addition problems), so every grade and pass@k / maj@k / length metric is
+  the same. The random policy solves none, so the identical responses carry the check."""
+  from models import sharding
+  from models.tokenizer import load_tokenizer
+  from rl.rollout import engine as rollout_lib
+  config, root, _ = orbax_checkpoints
+  tokenizer = load_tokenizer("byte")
+  problems = evaluation.load_problems("addition", limit=8, puzzle_size=50)
+  prompts = evaluation.encode_prompts(problems, tokenizer, "plain")
+  cfg = rollout_lib.RolloutConfig(max_new_tokens=8, stop_ids=tokenizer.stop_ids,
+                                  pad_id=tokenizer.pad_id, prompt_bucket=16)
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  results = []
+  for on in (None, mesh):
+    model, _ = evaluation.load_policy_checkpoint(config, str(root / "rl"), mesh=on)
+    graphdef, state = nnx.split(model)
+    samples = evaluation.evaluate(graphdef, state, problems, prompts, tokenizer, cfg,
+                                  num_samples=4, batch_size=4, template="plain", mesh=on)
+    results.append((samples, evaluation.summarize(samples.correct, samples.lengths,
+                                                  samples.truncated, samples.answers)))
+    if on is not None:
+      assert sum(not v.get_value().sharding.is_fully_replicated
+                 for _, v in nnx.state(model).flat_state()) > 10
+  (single, single_metrics), (sharded, sharded_metrics) = results
+  assert sharded.responses == single.responses
+  np.testing.assert_array_equal(sharded.correct, single.correct)
+  assert sharded_metrics == single_metrics and "pass@4" in sharded_metrics
+
+
+def test_eval_launcher_mesh_flag(orbax_checkpoints, tmp_path):
+  """launch/eval.py --mesh=fsdp=4,data=2 on 8 devices writes the samples and metrics of the
+  launcher on one device, and records the mesh; a --mesh the devices cannot hold is one line."""
+  _, root, _ = orbax_checkpoints
+  outputs = []
+  for name, devices, mesh in (("one", 1, []), ("eight", 8, ["--mesh=fsdp=4,data=2"])):
+    proc = _run_eval("--config=configs/demo.py", f"--checkpoint={root / 'rl'}",
+                     "--dataset=addition:4", "--k=2", "--max_new_tokens=8", "--batch_size=4",
+                     f"--out_dir={tmp_path / name}", *mesh, devices=devices)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / name / "results.json").read_text())
+    outputs.append((results, (tmp_path / name / "samples.jsonl").read_text()))
+  (one, one_samples), (eight, eight_samples) = outputs
+  assert eight_samples == one_samples
+  assert eight["datasets"]["addition"]["metrics"] == one["datasets"]["addition"]["metrics"]
+  assert eight["settings"]["mesh"]["fsdp"] == 4 and eight["settings"]["mesh"]["data"] == 2
+  bad = _run_eval("--config=configs/demo.py", f"--checkpoint={root / 'rl'}",
+                  "--dataset=addition:4", "--mesh=fsdp=3", f"--out_dir={tmp_path / 'bad'}")
+  assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
+      "error: --mesh=fsdp=3"), bad.stderr[-2000:]
 
 
 @pytest.mark.skipif(sandbox.bwrap_path() is None, reason="bubblewrap (bwrap) is not installed")

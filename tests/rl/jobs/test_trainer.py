@@ -483,7 +483,7 @@ def test_streaming_rollouts_carry_groups_over_to_later_steps(one_device_run, tmp
   sft_ckpt = one_device_run[0]
   c = mesh_config(sft_ckpt, **{"train.steps": 3, "rollout.streaming.enabled": True,
                                "rollout.streaming.round_tokens": 4,
-                               "rl.dynamic_sampling": False})
+                               "rl.dynamic_sampling": False, "sft.carry_slip_rate": 0.0})
   Trainer(c, str(tmp_path)).run()
   rows = read_metrics(str(tmp_path))
   assert rows[0]["stream/old_groups"] == 0 and abs(rows[0]["approx_kl"]) < 1e-5
@@ -530,3 +530,33 @@ def test_optimiser_fields_reach_every_optimiser(tmp_path, monkeypatch):
   sft.run(small_config(**{"sft.epochs": 1, "sft.grad_clip": 0.5, "sft.weight_decay": 0.02,
                           "sft.dense_warmup_steps": 1}), str(tmp_path / "sft"))
   assert built == [dict(grad_clip=0.5, weight_decay=0.02)]
+
+
+def test_accuracy_is_named_by_the_domains_of_the_data(tmp_path):
+  """A run reading prompt files (config.data.task at its default "arithmetic", unread) logs its
+  accuracy per domain of its records: math records under acc/math, addition puzzles under
+  acc/addition, each the mean over that domain's rows only (the scripted sampler solves the
+  math prompts and fails the puzzles), beside the overall acc; no acc/arithmetic."""
+  from rl.rewards import puzzles
+  math = [{"prompt": f"What is {a}+{a}?", "answer": str(2 * a), "solution": f"\\boxed{{{2 * a}}}"}
+          for a in (3, 4)]
+  records = math + puzzles.make("addition", size=2, seed=0, difficulty=0)
+  (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  (tmp_path / "heldout.jsonl").write_text(json.dumps({"prompt": "What is 1+1?",
+                                                      "answer": "2"}) + "\n")
+  c = small_config("grpo", **{"data.source": "files", "data.task": "arithmetic",
+                              "data.train_files": str(tmp_path / "train.jsonl"),
+                              "data.heldout_files": str(tmp_path / "heldout.jsonl"),
+                              "train.steps": 1, "train.samples_per_prompt": 2,
+                              "rl.dynamic_sampling": False, "sft.carry_slip_rate": 0.0})
+  trainer = Trainer(c, str(tmp_path / "run"))
+
+  def rollout(step, batch_index, entries_idx):
+    picks = [(i, "task" not in trainer.train_entries[i], g)
+             for g, i in enumerate(entries_idx) for _ in range(2)]
+    return Rollout(*scripted_trajectories(trainer, picks), {})
+  trainer._rollout = rollout
+  trainer.run()
+  [row] = read_metrics(str(tmp_path / "run"))
+  assert row["acc/math"] == 1.0 and row["acc/addition"] == 0.0 and row["acc"] == 0.5, row
+  assert not [k for k in row if k.startswith("acc/") and k not in ("acc/math", "acc/addition")]
