@@ -59,3 +59,22 @@ def hf_checkpoint(family: str, root: str, **overrides) -> str:
   path = os.path.join(root, family)
   model.save_pretrained(path)
   return path
+
+
+def train_bpe_tokenizer(root, texts, vocab_size: int, special_tokens, **config) -> int:
+  """A byte-level BPE tokenizer trained on `texts`, saved in `root` (tokenizer.json and a
+  tokenizer_config.json of eos_token = the first special token, plus `config`); returns its
+  vocabulary size."""
+  import json
+  import tokenizers
+  from tokenizers import decoders, models, pre_tokenizers, trainers
+  tokenizer = tokenizers.Tokenizer(models.BPE())
+  tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tokenizer.decoder = decoders.ByteLevel()
+  tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=list(special_tokens),
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+  tokenizer.save(os.path.join(root, "tokenizer.json"))
+  with open(os.path.join(root, "tokenizer_config.json"), "w") as f:
+    json.dump({"eos_token": special_tokens[0], **config}, f)
+  return tokenizer.get_vocab_size()

@@ -4,7 +4,6 @@ outputs, for the trained step asked for; every family exports from a sharded orb
 checkpoint; tokenizer files follow an HF tokenizer; bad input fails in one line."""
 
 import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -94,19 +93,9 @@ def assert_same_model(exported: str, model) -> None:
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
   """A byte-level BPE tokenizer trained on a few sums (tokenizer.json + tokenizer_config.json)."""
-  import tokenizers
-  from tokenizers import decoders, models, pre_tokenizers, trainers
   root = tmp_path_factory.mktemp("tokenizer")
-  tokenizer = tokenizers.Tokenizer(models.BPE())
-  tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tokenizer.decoder = decoders.ByteLevel()
-  tokenizer.train_from_iterator(
-      [f"{a}+{b}={a + b} Answer: {a + b}" for a in range(10) for b in range(10)],
-      trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                          show_progress=False))
-  tokenizer.save(str(root / "tokenizer.json"))
-  (root / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+  tiny_hf.train_bpe_tokenizer(root, [f"{a}+{b}={a + b} Answer: {a + b}" for a in range(10)
+                                     for b in range(10)], 300, ["<|endoftext|>"])
   return str(root)
 
 

@@ -12,9 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-import tokenizers
 from flax import nnx
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from models.padding import round_up
 from rl.jobs import evaluation
@@ -164,18 +162,12 @@ def hf_dir(tmp_path_factory):
   from models import hf
   from models.transformer import build
   root = tmp_path_factory.mktemp("tiny_qwen2")
-  tokenizer = tokenizers.Tokenizer(models.BPE())
-  tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tokenizer.decoder = decoders.ByteLevel()
   texts = ["Janet's ducks lay 16 eggs per day. How much in dollars does she make?",
            "def add(a, b):\n    return a + b\n", "Please reason step by step."] * 20
-  tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
-      vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-  tokenizer.save(str(root / "tokenizer.json"))
-  (root / "tokenizer_config.json").write_text(json.dumps({
-      "eos_token": "<|endoftext|>", "chat_template": CHATML}))
-  vocab = round_up(tokenizer.get_vocab_size(), 8)
+  from tiny_hf import train_bpe_tokenizer
+  size = train_bpe_tokenizer(root, texts, 400, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                             chat_template=CHATML)
+  vocab = round_up(size, 8)
   model = build("tiny_dense", seed=0, vocab_size=vocab, max_seq_len=1024)
   hf.save_pretrained(model, str(root / "model"), dtype="float32", tokenizer_dir=str(root))
   return str(root / "model")
