@@ -10,7 +10,8 @@
 #   bash launch/gpu_check.sh OUT_DIR --smoke                          # tiny sizes, CPU, no wheels
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${1:?usage: bash launch/gpu_check.sh OUT_DIR [--smoke] [--steps=a,b] [--budgets=step:s] [--total=s]}"
+usage="usage: bash launch/gpu_check.sh OUT_DIR [--smoke] [--steps=a,b] [--budgets=step:s] [--total=s]"
+out="${1:?$usage}"
 shift
 python="${PYTHON:-python3}"
 if [[ " $* " != *" --smoke "* ]]; then

@@ -190,7 +190,8 @@ class SubprocessPeer:
     with open(self.log_path, "w") as log:
       self.proc = subprocess.Popen(
           [python, os.path.abspath(__file__), name, hf_dir, dtype, str(int(greedy)),
-           str(max_len), device], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+           str(max_len), device], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+          text=True)
     self.versions = json.loads(self._reply(_READY))
 
   def _reply(self, prefix: str) -> str:
