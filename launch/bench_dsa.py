@@ -61,11 +61,11 @@ _SCALE = 0.13523  # DeepSeek-V3 softmax scale with YaRN mscale (spec/dsa.md)
 _PEAK_TFLOPS, _PEAK_TBPS = 800.0, 3.0  # measured H100 ceilings (spec/dsa.md)
 
 
-def timed(fn, *args) -> float:
-  """Median seconds of fn(*args) over --iters runs after a compile run."""
+def timed(fn, *args, iters: int | None = None) -> float:
+  """Median seconds of fn(*args) over `iters` (default --iters) runs after a compile run."""
   jax.block_until_ready(fn(*args))
   times = []
-  for _ in range(_ITERS.value):
+  for _ in range(_ITERS.value if iters is None else iters):
     start = time.perf_counter()
     jax.block_until_ready(fn(*args))
     times.append(time.perf_counter() - start)

@@ -331,8 +331,12 @@ def markdown_table(rows: list[dict], greedy: bool) -> str:
 
 def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
                  compare=(), greedy: bool = True, repeats: int = 3, dtype: str = "float32",
-                 seed: int = 0, peer_python: str | None = None, log=print) -> list[dict]:
+                 seed: int = 0, peer_python: str | None = None, peer_device: str = "cpu",
+                 bandwidth: float | None = None, log=print) -> list[dict]:
   """seedrl and each system of `compare` on the HF directory `hf_dir` at each batch size.
+  `peer_device`: HF's torch device; `bandwidth`: bytes/s of the memory the weights are read
+  from (default: the host's copy bandwidth, `measure_bandwidth`; on an accelerator pass its
+  own).
 
   Returns one dict per (batch, system) with system, batch, tokens_per_s, ttft_s, compile_s,
   fraction_of_bound, tokens [B, M] and, for the systems other than seedrl under greedy
@@ -351,13 +355,14 @@ def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
     start = time.perf_counter()
     system = rollout_peers.make_system(name, hf_dir, model.cfg, greedy=greedy,
                                        max_len=prompt_len + response_len,
-                                       python=peer_python, log=log)
+                                       python=peer_python, device=peer_device, log=log)
     if system is not None:
       systems.append(system)
       load_s[name] = time.perf_counter() - start
   core_lines = check_equal_cores(systems)
 
-  bandwidth = measure_bandwidth()
+  bandwidth_source = "host copy bandwidth" if bandwidth is None else "given bandwidth"
+  bandwidth = measure_bandwidth() if bandwidth is None else bandwidth
   weights = weight_bytes_per_step(model, 1)
   bound_steps_per_s = bandwidth / weights
   prompts = random_prompts(max(batches), prompt_len, model.cfg.vocab_size, seed)
@@ -386,8 +391,8 @@ def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
   log(f"model: {hf_dir} ({params / 1e6:.1f}M params, {dtype}); prompt {prompt_len}, response "
       f"{response_len}, {'greedy' if greedy else 'sampling T=1'}, stop ids off; median of "
       f"{repeats} runs after a warm-up")
-  log(f"bound at batch 1: {weights / 1e6:.1f} MB of weights / {bandwidth / 1e9:.1f} GB/s host "
-      f"copy bandwidth = {bound_steps_per_s:,.1f} tok/s (fraction of bound: (tok/s / batch) / "
+  log(f"bound at batch 1: {weights / 1e6:.1f} MB of weights / {bandwidth / 1e9:.1f} GB/s "
+      f"{bandwidth_source} = {bound_steps_per_s:,.1f} tok/s (fraction of bound: (tok/s / batch) / "
       "this)")
   log("TTFT: the same call with 1 new token (prefill of the batch + its first token; seedrl: "
       "an engine run with response_len=1); compile: the warm-up call; busy cores: CPU seconds "

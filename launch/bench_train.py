@@ -93,8 +93,10 @@ def synthetic_minibatch(batch: int, seq_len: int, vocab: int, seed: int = 0) -> 
 
 
 def run_benchmark(model: str, batch: int, seq_len: int, micro_batches: int, mesh_shape: dict,
-                  algorithm: str = "dapo", repeats: int = 5, peak_dim: int = 0) -> dict:
-  cfg = get_config(model)
+                  algorithm: str = "dapo", repeats: int = 5, peak_dim: int = 0,
+                  overrides: dict | None = None) -> dict:
+  """The numbers of the module docstring for preset `model` (with ModelConfig `overrides`)."""
+  cfg = get_config(model, **(overrides or {}))
   mesh = sharding_lib.make_mesh(mesh_shape)
   if batch % micro_batches:
     raise ValueError(f"--batch={batch} is not divisible by --micro_batches={micro_batches}")

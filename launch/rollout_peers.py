@@ -108,19 +108,21 @@ def cpu_seconds(pid: int) -> float:
 
 
 class HFGenerate:
-  """HF transformers `generate` (torch), every row exactly M tokens."""
+  """HF transformers `generate` (torch) on `device` ("cpu", "cuda"), every row exactly M
+  tokens."""
 
   name = "hf"
 
-  def __init__(self, hf_dir: str, dtype: str, greedy: bool):
+  def __init__(self, hf_dir: str, dtype: str, greedy: bool, device: str = "cpu"):
     import torch
     import transformers
     self.torch = torch
     torch.set_num_threads(len(usable_cores()))
     self.cores = f"torch, {torch.get_num_threads()} threads on cores {usable_cores()}"
     self.core_count = min(torch.get_num_threads(), len(usable_cores()))
+    self.device = device
     self.model = transformers.AutoModelForCausalLM.from_pretrained(
-        hf_dir, dtype=getattr(torch, dtype)).eval()
+        hf_dir, dtype=getattr(torch, dtype)).to(device).eval()
     # A directory's generation_config.json (sampling defaults, EOS ids, repetition penalty)
     # would change the decoding rule: start from a blank one and set everything per call.
     self.model.generation_config = transformers.GenerationConfig()
@@ -129,12 +131,12 @@ class HFGenerate:
       self.options.update(temperature=1.0, top_k=0, top_p=1.0)
 
   def generate(self, prompt_ids: np.ndarray, new_tokens: int) -> np.ndarray:
-    ids = self.torch.from_numpy(prompt_ids.astype(np.int64))
+    ids = self.torch.from_numpy(prompt_ids.astype(np.int64)).to(self.device)
     with self.torch.no_grad():
       out = self.model.generate(ids, attention_mask=self.torch.ones_like(ids),
                                 max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                 **self.options)
-    return out[:, prompt_ids.shape[1]:].numpy()
+    return out[:, prompt_ids.shape[1]:].cpu().numpy()  # .cpu() waits for the device
 
 
 class VLLMGenerate:
@@ -216,16 +218,17 @@ class TunixGenerate:
 
 
 def make_system(name: str, hf_dir: str, cfg: ModelConfig, *, greedy: bool, max_len: int,
-                python: str | None = None, log=print):
+                python: str | None = None, device: str = "cpu", log=print):
   """The system called `name` on `hf_dir`, or None (with one line through `log`) when it is an
   optional extra that is not installed or cannot load this checkpoint. With `python` (another
-  interpreter), hf and vllm run there (`SubprocessPeer`)."""
+  interpreter), hf and vllm run there (`SubprocessPeer`). `device` is HF's torch device (vLLM
+  and Tunix place themselves)."""
   import jax.numpy as jnp
   from models import hf
   dtype = jnp.dtype(cfg.param_dtype).name
   if python and name in ("hf", "vllm"):
     try:
-      return SubprocessPeer(python, name, hf_dir, dtype, greedy, max_len)
+      return SubprocessPeer(python, name, hf_dir, dtype, greedy, max_len, device)
     except RuntimeError as e:
       log(f"{name} under {python}: {e}; skipped")
       return None
@@ -233,7 +236,7 @@ def make_system(name: str, hf_dir: str, cfg: ModelConfig, *, greedy: bool, max_l
     log(f"{name}: not installed (an optional extra, not a requirement); skipped")
     return None
   if name == "hf":
-    return HFGenerate(hf_dir, dtype, greedy)
+    return HFGenerate(hf_dir, dtype, greedy, device)
   if name == "vllm":
     return VLLMGenerate(hf_dir, dtype, greedy, max_len)
   if hf.family_of(cfg) != "qwen2":
@@ -266,15 +269,15 @@ class SubprocessPeer:
   package `versions` and its process id `pid` (its CPU time is read from the process tree)."""
 
   def __init__(self, python: str, name: str, hf_dir: str, dtype: str, greedy: bool,
-               max_len: int):
+               max_len: int, device: str = "cpu"):
     self.name = name
     self.dir = tempfile.mkdtemp(prefix=f"seedrl_peer_{name}_")
     self.log_path = os.path.join(self.dir, "peer.log")
     with open(self.log_path, "w") as log:
       self.proc = subprocess.Popen(
           [python, os.path.abspath(__file__), name, hf_dir, dtype, str(int(greedy)),
-           str(max_len)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-          env={**os.environ, **peer_environment(usable_cores())})
+           str(max_len), device], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+          text=True, env={**os.environ, **peer_environment(usable_cores())})
     self.pid = self.proc.pid
     ready = json.loads(self._reply(_READY))
     self.versions, self.cores, self.core_count = (
@@ -310,10 +313,10 @@ class SubprocessPeer:
       self.proc.wait(timeout=60)
 
 
-def serve(name: str, hf_dir: str, dtype: str, greedy: bool, max_len: int) -> None:
+def serve(name: str, hf_dir: str, dtype: str, greedy: bool, max_len: int, device: str) -> None:
   """The other side of `SubprocessPeer`: loads the peer, then answers one generate request per
   stdin line until stdin closes."""
-  system = (HFGenerate(hf_dir, dtype, greedy) if name == "hf"
+  system = (HFGenerate(hf_dir, dtype, greedy, device) if name == "hf"
             else VLLMGenerate(hf_dir, dtype, greedy, max_len))
   print(_READY + json.dumps({"versions": _versions(name), "cores": system.cores,
                              "core_count": system.core_count}), flush=True)
@@ -325,4 +328,5 @@ def serve(name: str, hf_dir: str, dtype: str, greedy: bool, max_len: int) -> Non
 
 
 if __name__ == "__main__":  # vLLM starts its engine in a spawned process: needs this guard
-  serve(sys.argv[1], sys.argv[2], sys.argv[3], bool(int(sys.argv[4])), int(sys.argv[5]))
+  serve(sys.argv[1], sys.argv[2], sys.argv[3], bool(int(sys.argv[4])), int(sys.argv[5]),
+        sys.argv[6])

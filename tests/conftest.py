@@ -32,7 +32,8 @@ def expert_parallel_choices(monkeypatch):
 
 # Files whose tests take the longest, started first: with `pytest -n 2 --dist loadfile` (CI)
 # each file runs on one worker, and a long file scheduled last would leave the other idle.
-LONGEST_FILES = ("test_learning.py", "test_trainer.py", "test_multihost.py", "test_notebook.py")
+LONGEST_FILES = ("test_learning.py", "test_trainer.py", "test_multihost.py", "test_notebook.py",
+                 "test_gpu_check.py")
 
 
 def pytest_collection_modifyitems(items):
