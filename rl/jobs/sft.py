@@ -14,6 +14,10 @@ a longer example loses the end of its response (counted and logged). With `confi
 several examples share a row: each keeps positions from 0 and a segment id, so attention and the
 DSA indexer's top-k stay inside its own document, and the packed loss is the sum of the separate
 examples' losses.
+
+DSA models start with `config.sft.dense_warmup_steps` of DeepSeek-V3.2's dense warm-up: dense
+attention, every parameter but the lightning indexers frozen, the indexers fitted to the
+attention by their KL loss; then sparse attention and the whole model trains.
 """
 
 from __future__ import annotations
