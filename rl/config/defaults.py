@@ -89,6 +89,10 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
       temperature=1.0,
       top_p=1.0,
       top_k=0,
+      # Keep-sampling-mask with top-p alone (top_k 0): the nucleus is cut to its max_kept_ids
+      # most probable ids, the bound of the per-token record (4 bytes an id); the cut tokens
+      # are counted (metric kept_cut_tokens). 0 refuses top-p alone with the mask.
+      max_kept_ids=64,
       prompt_bucket=16,
       eval_temperature=0.0,  # greedy evaluation
       # Decode slots (rl/rollout/engine.py): 0 = every sequence of a generation batch at once
