@@ -47,4 +47,9 @@ def get_config(arg: str = "dapo"):
   c.rl.fill_at_cap = True  # a policy that solves most sums keeps training on what varies
   c.rl.overlong_buffer = 4
   c.rl.indexer_coef = 1.0
+  if algorithm == "grpo_v32":
+    # Top-p alone, as DeepSeek-V3.2 samples: the keep-sampling-mask records each token's
+    # nucleus (at most rollout.max_kept_ids ids; cut tokens are counted as kept_cut_tokens)
+    # and the trainer's log-probs are renormalised over it.
+    c.rollout.top_p = 0.95
   return c.lock()

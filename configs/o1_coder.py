@@ -4,20 +4,24 @@
   python launch/train.py --config=configs/o1_coder.py:pointwise      # point-wise (BCE) PRM
   python launch/train.py --config=configs/o1_coder.py:test           # a minutes-long smoke run
 
-Measured 2026-11-23 (2-core CPU, 459 s): TCG metric 0.021 after SFT -> 0.098 after DPO; PRM
-held-out sibling-pair accuracy 0.37 untrained -> 0.65 (28 of 43 pairs; one-sided binomial
-p = 0.03 against chance); policy pass rate after one self-play iteration: held-out greedy
-0.65 -> 0.76, training tasks sampled 0.17 -> 0.42. The point-wise PRM with 30 search trees
-was at chance (0.52 on 29 pairs): it needs more search data than this config affords.
+Measured 2026-11-23 (2-core CPU, 459 s, before the D+ warm start was added): TCG metric 0.021
+after SFT -> 0.098 after DPO; PRM held-out sibling-pair accuracy 0.37 untrained -> 0.65 (28 of
+43 pairs; one-sided binomial p = 0.03 against chance); policy pass rate after one self-play
+iteration: held-out greedy 0.65 -> 0.76, training tasks sampled 0.17 -> 0.42. The point-wise
+PRM with 30 search trees was at chance (0.52 on 29 pairs): it needs more search data than this
+config affords.
 
 Stages: the test-case generator (SFT, then DPO on matched vs shuffled-output cases; metric: the
-fraction of its held-out cases the reference solution reproduces in the sandbox); the policy's
-SFT warm start on templated plan -> refine -> code paths (a quarter of them consistent but
+fraction of its held-out cases the reference solution reproduces in the sandbox); a bootstrap
+policy fine-tuned on templated plan -> refine -> code paths (a quarter of them consistent but
 wrong, so search trees branch into good and bad steps); then `o1.iterations` rounds of MCTS
 reasoning-data synthesis, a PRM fit on D_process (held-out sibling-pair accuracy) and GRPO on
-phi = alpha(t) R + (1 - alpha(t)) mean_j gamma^j r_j. Policy pass rates are measured before and
-after. Tasks whose TCG cases the reference reproduces are graded on those cases. Everything is
-written to <workdir>/results.json. Needs the sandbox (`bash launch/setup_sandbox.sh`).
+phi = alpha(t) R + (1 - alpha(t)) mean_j gamma^j r_j; in the first round the policy is first
+initialised by SFT on the search's correct paths D+ (O1-Coder section 3.3). Policy pass rates
+are measured before, after the D+ warm start and after RL. Tasks whose TCG cases the reference
+reproduces are graded on those cases. Everything is written to <workdir>/results.json, the
+TCG, PRM and policy to <workdir>/models/ (rl/o1_coder/selfplay.py load_model). Needs the
+sandbox (`bash launch/setup_sandbox.sh`).
 """
 
 import ml_collections
@@ -51,10 +55,12 @@ def get_config(arg: str = ""):
       tcg_dpo_steps=50,
       tcg_dpo_lr=1e-4,  # higher rates push both responses down until no case parses
       tests_per_task=4,  # trusted cases for tasks without valid TCG cases, and held-out tasks
-      # Policy warm start.
+      # Bootstrap policy (templated paths), then its O1-Coder initialisation: SFT on the first
+      # search's correct paths D+.
       sft_examples=2000,
       sft_steps=400,
       distractor_fraction=0.25,
+      dplus_sft_steps=100,
       # Search.
       iterations=1,
       search_tasks=50,  # every training task (of the 67 generated, 17 are held out)
@@ -78,5 +84,6 @@ def get_config(arg: str = ""):
     c.train.steps = 2
     c.train.prompts_per_step = 4
     c.o1.update(tcg_sft_steps=20, tcg_dpo_steps=5, sft_examples=200, sft_steps=30,
+                dplus_sft_steps=5,
                 search_tasks=4, simulations=3, branching=2, prm_steps=10, eval_samples=1)
   return c.lock()

@@ -92,6 +92,10 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
       temperature=1.0,  # sampling temperature (0: greedy)
       top_p=1.0,  # nucleus sampling: the smallest set of tokens of this probability (1: off)
       top_k=0,  # sample among the k likeliest tokens (0: off)
+      # Keep-sampling-mask with top-p alone (top_k 0): the nucleus is cut to its max_kept_ids
+      # most probable ids, the bound of the per-token record (4 bytes an id); the cut tokens
+      # are counted (metric kept_cut_tokens). 0 refuses top-p alone with the mask.
+      max_kept_ids=64,
       prompt_bucket=16,  # prompt width is rounded up to a multiple of this (fewer compilations)
       eval_temperature=0.0,  # greedy evaluation
       # Decode slots (rl/rollout/engine.py): 0 = every sequence of a generation batch at once

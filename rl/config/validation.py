@@ -117,7 +117,7 @@ def _check_rollout(c: ml_collections.ConfigDict) -> None:
   """config.rollout (rl/rollout/engine.py run_rollout_config)."""
   positive(c.rollout, "rollout", "max_new_tokens", "prompt_bucket")
   non_negative(c.rollout, "rollout", "temperature", "eval_temperature", "top_k", "batch_size",
-               "prefill_batch")
+               "prefill_batch", "max_kept_ids")
   if c.rollout.max_new_tokens >= c.model.max_seq_len:
     raise ValueError(f"config.rollout.max_new_tokens={c.rollout.max_new_tokens}: must be "
                      f"smaller than config.model.max_seq_len={c.model.max_seq_len} (prompts get "
@@ -152,13 +152,15 @@ def _check_rl(c: ml_collections.ConfigDict) -> None:
   if c.rl.keep_sampling_mask:
     r = c.rollout
     try:
-      kept_ids_width(top_p=r.top_p, top_k=r.top_k, greedy=r.temperature == 0)
+      kept_ids_width(top_p=r.top_p, top_k=r.top_k, greedy=r.temperature == 0,
+                     max_kept=r.max_kept_ids)
     except ValueError:
       raise ValueError(
-          f"config.rl.keep_sampling_mask=True with config.rollout.top_p={r.top_p} and "
-          "config.rollout.top_k=0: the rollout records each token's kept set as top_k ids "
-          "(rl/core/sampling.py), and top-p alone does not bound it; set config.rollout.top_k "
-          "(kept set = top-p ∩ top-k) or top_p=1") from None
+          f"config.rl.keep_sampling_mask=True with config.rollout.top_p={r.top_p}, "
+          f"config.rollout.top_k=0 and config.rollout.max_kept_ids={r.max_kept_ids}: the "
+          "rollout records each token's kept set as ids (rl/core/sampling.py), and top-p alone "
+          "does not bound it; set config.rollout.max_kept_ids (the nucleus cut to that many "
+          "ids, cuts counted) or top_k (kept set = top-p ∩ top-k) or top_p=1") from None
 
 
 def _check_optim(c: ml_collections.ConfigDict) -> None:

@@ -72,8 +72,10 @@ RECIPES: dict[str, dict[str, Any]] = {
     "vapo": dict(estimator="gae", use_critic=True, critic_warmup_steps=10, lam=1.0,
                  lam_critic=1.0, length_adaptive_alpha=0.05, clip_low=0.2, clip_high=0.28,
                  nll_coef=0.1, reward_mode="dapo"),
-    "grpo_v32": dict(loss_agg_mode="seq-mean-token-mean", kl_coef=0.01, kl_kind="unbiased",
-                     offpolicy_mask_delta=0.1, keep_routing=True, keep_sampling_mask=True),
+    # DeepSeek-V3.2 section 3.1: A_i = R_i - mean(R), the group mean alone (no std division).
+    "grpo_v32": dict(estimator="dr_grpo", loss_agg_mode="seq-mean-token-mean", kl_coef=0.01,
+                     kl_kind="unbiased", offpolicy_mask_delta=0.1, keep_routing=True,
+                     keep_sampling_mask=True),
 }
 
 

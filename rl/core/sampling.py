@@ -18,14 +18,21 @@ ids, and forms only the drawn ids' log-probs.
 
 Keep-sampling-mask (DeepSeek-V3.2): the rollout records the kept set of every sampled token so
 the trainer restricts its log-softmax to it (pi_old and pi_theta share one action space, and
-sampler and trainer log-probs are equal). The record is the kept ids, int32 [..., top_k]
-(`kept_ids_from_mask`: ascending, padded with -1), 4 * top_k bytes per token: 1 KiB at top_k
+sampler and trainer log-probs are equal). The record is the kept ids, int32 [..., width]
+(`kept_ids_from_mask`: ascending, padded with -1), 4 bytes per id and token: 1 KiB at top_k
 256 against V / 8 = 16 KiB for a bit array of DeepSeek's 129k vocabulary. A position the
 sampler did not draw (prompt, padding) holds only -1 and keeps every id. The trainer rebuilds
 the boolean [..., V] mask inside its jitted step (`kept_mask_from_ids`). `kept_ids_width` is
 the rule: a sampler that does not truncate (top_p 1 and top_k 0, or greedy) keeps every allowed
 id and records nothing (the trainer's full distribution is the sampler's; run configs never set
-vocab_limit); top-p without top-k keeps an unbounded set, so it is refused.
+vocab_limit); with top-k the record is top_k ids wide.
+
+Top-p alone (the paper's setting) has a nucleus of up to V ids, so the record is bounded by
+`max_kept`: the sampler's kept set is the nucleus cut to its `max_kept` most probable ids
+(`kept_set_and_cut`), which is exact top-p whenever the nucleus has at most `max_kept` ids.
+The record is max_kept + 1 wide: the ids, then a flag slot that holds CUT_FLAG (-2) where the
+nucleus was wider and was cut, else -1, so the cut tokens are counted from the record
+(`cut_tokens`) and the trainer still rebuilds exactly the set the sampler drew from.
 
 `next_token_logprobs` is the one log p(token t | tokens < t) of a sequence that every objective
 reads (RL update, SFT, DPO, the tool warm start); `token_logprobs` reads chosen ids out of a
@@ -38,16 +45,24 @@ import jax
 import jax.numpy as jnp
 
 
-def kept_set(scaled_logits: jax.Array, *, top_p: float = 1.0, top_k: int = 0,
-             vocab_limit: int | None = None) -> jax.Array:
-  """Boolean [..., V] mask of the ids the sampler may draw, from logits already divided by T."""
+CUT_FLAG = -2  # the flag slot of a top-p record whose nucleus was cut to max_kept ids
+
+
+def kept_set_and_cut(scaled_logits: jax.Array, *, top_p: float = 1.0, top_k: int = 0,
+                     vocab_limit: int | None = None, max_kept: int = 0
+                     ) -> tuple[jax.Array, jax.Array]:
+  """(boolean [..., V] mask of the ids the sampler may draw, bool [...] whether max_kept cut
+  the set), from logits already divided by T. `max_kept` > 0 keeps at most that many ids after
+  top-k and top-p, the most probable ones (ties broken by id)."""
   vocab = scaled_logits.shape[-1]
   allowed = jnp.ones(scaled_logits.shape, bool)
   if vocab_limit is not None and vocab_limit < vocab:
     allowed = allowed & (jnp.arange(vocab) < vocab_limit)
   use_top_k = 0 < top_k < vocab
-  if not use_top_k and top_p >= 1.0:
-    return allowed
+  use_cap = 0 < max_kept < vocab
+  no_cut = jnp.zeros(scaled_logits.shape[:-1], bool)
+  if not use_top_k and top_p >= 1.0 and not use_cap:
+    return allowed, no_cut
   scores = jnp.where(allowed, scaled_logits.astype(jnp.float32), -jnp.inf)
   order = jnp.argsort(-scores, axis=-1, stable=True)  # ids by decreasing score
   sorted_scores = jnp.take_along_axis(scores, order, axis=-1)
@@ -59,8 +74,19 @@ def kept_set(scaled_logits: jax.Array, *, top_p: float = 1.0, top_k: int = 0,
     probs = jax.nn.softmax(jnp.where(keep_sorted, sorted_scores, -jnp.inf), axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
     keep_sorted = keep_sorted & ((mass_before < top_p) | (rank == 0))
+  cut = no_cut
+  if use_cap:  # kept ids are a prefix of `order`: the cap keeps its first max_kept
+    cut = jnp.sum(keep_sorted, axis=-1) > max_kept
+    keep_sorted = keep_sorted & (rank < max_kept)
   inverse = jnp.argsort(order, axis=-1)
-  return jnp.take_along_axis(keep_sorted, inverse, axis=-1)
+  return jnp.take_along_axis(keep_sorted, inverse, axis=-1), cut
+
+
+def kept_set(scaled_logits: jax.Array, *, top_p: float = 1.0, top_k: int = 0,
+             vocab_limit: int | None = None, max_kept: int = 0) -> jax.Array:
+  """Boolean [..., V] mask of the ids the sampler may draw, from logits already divided by T."""
+  return kept_set_and_cut(scaled_logits, top_p=top_p, top_k=top_k, vocab_limit=vocab_limit,
+                          max_kept=max_kept)[0]
 
 
 def masked_logprobs(logits: jax.Array, *, temperature: float, kept_mask: jax.Array | None = None,
@@ -116,16 +142,16 @@ def _check_settings(temperature: float, top_p: float, top_k: int) -> None:
 
 
 def sampling_logprobs(logits: jax.Array, *, temperature: float, top_p: float = 1.0,
-                      top_k: int = 0, vocab_limit: int | None = None
+                      top_k: int = 0, vocab_limit: int | None = None, max_kept: int = 0
                       ) -> tuple[jax.Array, jax.Array]:
   """The exact distribution the sampler draws from: (logprobs [..., V], kept_mask [..., V]).
 
-  logprobs are -inf outside the kept set (temperature, vocab_limit, top-k, top-p as in the
-  module docstring).
+  logprobs are -inf outside the kept set (temperature, vocab_limit, top-k, top-p and the
+  max_kept cut as in the module docstring).
   """
   _check_settings(temperature, top_p, top_k)
   scaled = logits.astype(jnp.float32) / temperature
-  kept = kept_set(scaled, top_p=top_p, top_k=top_k, vocab_limit=vocab_limit)
+  kept = kept_set(scaled, top_p=top_p, top_k=top_k, vocab_limit=vocab_limit, max_kept=max_kept)
   logp = masked_logprobs(logits, temperature=temperature, kept_mask=kept)
   return jnp.where(kept, logp, -jnp.inf), kept
 
@@ -188,8 +214,8 @@ def inverse_cdf(weights: jax.Array, u: jax.Array) -> jax.Array:
 
 
 def sample(keys: jax.Array, logits: jax.Array, *, temperature: float, top_p: float = 1.0,
-           top_k: int = 0, vocab_limit: int | None = None, greedy: bool = False
-           ) -> tuple[jax.Array, jax.Array, jax.Array]:
+           top_k: int = 0, vocab_limit: int | None = None, greedy: bool = False,
+           max_kept: int = 0) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Draws one token per row: keys [B] (typed PRNG keys), logits [B, V].
 
   Returns (tokens [B] int32, their log-probs [B] under `sampling_logprobs`, kept_mask [B, V]).
@@ -198,31 +224,69 @@ def sample(keys: jax.Array, logits: jax.Array, *, temperature: float, top_p: flo
   probability of the chosen token, and its kept set is every allowed id. Only the drawn ids'
   log-probs are formed (the [B, V] array of them is not).
   """
+  return sample_and_cut(keys, logits, temperature=temperature, top_p=top_p, top_k=top_k,
+                        vocab_limit=vocab_limit, greedy=greedy, max_kept=max_kept)[:3]
+
+
+def sample_and_cut(keys: jax.Array, logits: jax.Array, *, temperature: float,
+                   top_p: float = 1.0, top_k: int = 0, vocab_limit: int | None = None,
+                   greedy: bool = False, max_kept: int = 0
+                   ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """`sample` and, per row, whether max_kept cut the kept set (bool [B])."""
   if greedy:
-    temperature, top_p, top_k = (temperature if temperature > 0 else 1.0), 1.0, 0
+    temperature, top_p, top_k, max_kept = (temperature if temperature > 0 else 1.0), 1.0, 0, 0
   _check_settings(temperature, top_p, top_k)
   scaled = logits.astype(jnp.float32) / temperature
-  kept = kept_set(scaled, top_p=top_p, top_k=top_k, vocab_limit=vocab_limit)
+  kept, cut = kept_set_and_cut(scaled, top_p=top_p, top_k=top_k, vocab_limit=vocab_limit,
+                               max_kept=max_kept)
   shifted = jnp.where(kept, scaled, -jnp.inf)
   shifted = shifted - jnp.max(shifted, axis=-1, keepdims=True)  # as `masked_logprobs` shifts
   weights = jnp.exp(shifted)
   tokens = argmax(shifted) if greedy else draw(keys, weights)
   logp = token_logprobs(shifted, tokens) - jnp.log(jnp.sum(weights, axis=-1))
-  return tokens, logp, kept
+  return tokens, logp, kept, cut
 
 
 def kept_ids_width(*, top_p: float, top_k: int, greedy: bool = False,
-                   vocab_size: int | None = None) -> int:
-  """How many kept ids a keep-sampling-mask rollout records per token: 0 when the sampler does
-  not truncate (greedy, or top_p 1 and top_k 0: the kept set is every allowed id, nothing to
-  record), else top_k (at most `vocab_size`: a larger top_k leaves top-p alone). Raises for
-  top-p without top-k, whose kept set has no bound."""
+                   vocab_size: int | None = None, max_kept: int = 0) -> int:
+  """How wide a keep-sampling-mask rollout's per-token record is: 0 when the sampler does not
+  truncate (greedy, or top_p 1 and top_k 0: the kept set is every allowed id, nothing to
+  record); top_k with top-k (at most `vocab_size`: a larger top_k leaves top-p alone); with
+  top-p alone, max_kept ids and the cut flag slot (`nucleus_cap`). Raises for top-p alone
+  without a max_kept, whose kept set has no bound."""
   if greedy or (top_p >= 1.0 and top_k == 0):
     return 0
   if top_k == 0:
-    raise ValueError(f"top_p={top_p} with top_k=0: the keep-sampling-mask records the kept ids, "
-                     "which top-p alone does not bound; set top_k (kept set = top-p ∩ top-k)")
+    if max_kept <= 0:
+      raise ValueError(f"top_p={top_p} with top_k=0 and max_kept={max_kept}: the "
+                       "keep-sampling-mask records the kept ids, which top-p alone does not "
+                       "bound; set max_kept (the nucleus cut to that many ids) or top_k")
+    return nucleus_cap(top_p=top_p, top_k=top_k, max_kept=max_kept, vocab_size=vocab_size) + 1
   return top_k if vocab_size is None else min(top_k, vocab_size)
+
+
+def nucleus_cap(*, top_p: float, top_k: int, greedy: bool = False, max_kept: int = 0,
+                vocab_size: int | None = None) -> int:
+  """The `max_kept` the sampler applies (at most `vocab_size`): max_kept for top-p alone (the
+  record's bound), else 0 (top-k bounds the record, or nothing is recorded)."""
+  if greedy or top_p >= 1.0 or top_k:
+    return 0
+  return max_kept if vocab_size is None else min(max_kept, vocab_size)
+
+
+def kept_record(kept_mask: jax.Array, cut: jax.Array, width: int, *, cap: int) -> jax.Array:
+  """The record of one sampled token per row: `kept_ids_from_mask` over `width` ids, or with a
+  nucleus cap, the cap's ids then the flag slot (CUT_FLAG where `cut`, else -1)."""
+  if not cap:
+    return kept_ids_from_mask(kept_mask, width)
+  flag = jnp.where(cut, CUT_FLAG, -1).astype(jnp.int32)[..., None]
+  return jnp.concatenate([kept_ids_from_mask(kept_mask, cap), flag], axis=-1)
+
+
+def cut_tokens(kept_ids) -> int:
+  """How many tokens of a record (a host or device array) had their nucleus cut (0 for a
+  record without a flag slot: its ids are never CUT_FLAG)."""
+  return int((kept_ids[..., -1] == CUT_FLAG).sum())
 
 
 def kept_ids_from_mask(kept_mask: jax.Array, width: int) -> jax.Array:

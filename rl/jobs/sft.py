@@ -14,6 +14,10 @@ a longer example loses the end of its response (counted and logged). With `confi
 several examples share a row: each keeps positions from 0 and a segment id, so attention and the
 DSA indexer's top-k stay inside its own document, and the packed loss is the sum of the separate
 examples' losses.
+
+DSA models start with `config.sft.dense_warmup_steps` of DeepSeek-V3.2's dense warm-up: dense
+attention, every parameter but the lightning indexers frozen, the indexers fitted to the
+attention by their KL loss; then sparse attention and the whole model trains.
 """
 
 from __future__ import annotations
@@ -136,6 +140,18 @@ def response_nll(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array) -> 
   return -jnp.sum(next_token_logprobs(logits, tokens) * loss_mask[:, 1:])
 
 
+def is_indexer_path(path) -> bool:
+  """Whether a parameter tree path lies inside a DSA lightning indexer."""
+  return any(getattr(key, "key", None) == "indexer" for key in path)
+
+
+def freeze_outside_indexer(params):
+  """DSA dense warm-up (DeepSeek-V3.2 eq. 3): every parameter but the indexers' behind a
+  stop-gradient, so the step's gradient is the indexer KL's gradient on the indexers alone."""
+  return jax.tree.map_with_path(
+      lambda path, x: x if is_indexer_path(path) else jax.lax.stop_gradient(x), params)
+
+
 def run(config: ml_collections.ConfigDict, workdir: str, *,
         allow_config_change: bool = False, job_stage: str = "") -> dict[str, float]:
   """Trains (or resumes) the SFT stage in `workdir`; returns its metrics. A finished stage is
@@ -206,6 +222,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
                if model_cfg.router_bias_rate else None)
 
   def loss_fn(params, rest, batch, stage):
+    if stage == "dense_warmup":  # the main model frozen: no gradient reaches it
+      params = freeze_outside_indexer(params)
     out = nnx.merge(graphdef, params, rest).forward(
         batch["tokens"], indexer_stage=stage, token_mask=batch["token_mask"],
         positions=batch.get("positions"), segment_ids=batch.get("segment_ids"))
@@ -226,7 +244,12 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   @functools.partial(jax.jit, static_argnums=4, donate_argnums=(0, 1),
                      out_shardings=(param_shardings, host_opt, None, None))
   def train_step(params, opt_state, rest, batch, stage):
-    return optimiser_step(params, jax.device_put(opt_state, opt_shardings), rest, batch, stage)
+    new_params, opt_state, loss, aux = optimiser_step(
+        params, jax.device_put(opt_state, opt_shardings), rest, batch, stage)
+    if stage == "dense_warmup":  # AdamW's weight decay would still move the frozen parameters
+      new_params = jax.tree.map_with_path(
+          lambda path, new, old: new if is_indexer_path(path) else old, new_params, params)
+    return new_params, opt_state, loss, aux
 
   def stage_at(step: int) -> str | None:
     """DSA: a dense warm-up (dense attention, the indexer fitted to it), then sparse training
@@ -306,7 +329,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
           params, opt_state, loss, aux = train_step(params, opt_state, rest,
                                                     placement.put_batch(batch), stage)
           router_load = aux.pop("router_load", None)
-          if rebalance is not None:
+          if rebalance is not None and stage != "dense_warmup":
             rest = jax.device_put(rebalance(params, rest, router_load), placement.replicated)
         step += 1
         if step % s.log_every == 0 or step == total:

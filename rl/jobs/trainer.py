@@ -28,6 +28,7 @@ from rl.core import advantages as adv_lib
 from rl.core import losses
 from rl.core import train_step as ts
 from rl.core.policy import model_config
+from rl.core.sampling import cut_tokens
 from rl.data.curriculum import PromptCurriculum
 from rl.data.templates import prompt_of
 from rl.jobs import batch as batch_lib
@@ -417,6 +418,8 @@ class Trainer:
           "response_len_mean": stats["raw_len_mean"], "response_len_max": float(lengths.max()),
           "truncation_rate": float(np.asarray(traj.truncated).mean()),
           "kept_group_fraction": stats["groups_kept"] / max(stats["groups_seen"], 1),
+          # Keep-sampling-mask with top-p alone: sampled tokens whose nucleus was cut.
+          "kept_cut_tokens": 0 if traj.kept_ids is None else cut_tokens(traj.kept_ids),
           "filled_groups": stats["filled_groups"],
           "gen_batches": stats["gen_batches"], "bad_steps": self.bad_steps,
           "time/rollout": stats["t_rollout"], "time/reward": stats["t_reward"],

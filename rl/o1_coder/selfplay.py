@@ -11,9 +11,15 @@ no steps gets phi = alpha * R). phi is the sequence score of a GRPO group (`rl/c
 and the update is the trainer's jitted PPO-family step (`rl/core/train_step.py`).
 
 `run(config, workdir)` is the whole small pipeline of configs/o1_coder.py: TCG (SFT, DPO, its
-metric), the policy's SFT warm start on templated paths, pass rates before, then
-`config.o1.iterations` rounds of MCTS data synthesis, PRM fit and RL, pass rates after, all
-written to <workdir>/results.json.
+metric); a bootstrap policy fine-tuned on templated paths (the stand-in for a pretrained model
+that can already write plan -> refine -> code steps, so the first search finds anything), pass
+rates before; then `config.o1.iterations` rounds of MCTS data synthesis, PRM fit and RL, where
+the first round also initialises the policy as O1-Coder section 3.3 does, by SFT on the
+search's correct paths D+; pass rates after, all written to <workdir>/results.json.
+
+The run saves its models under <workdir>/models/ (orbax): `tcg`, `prm` (the latest fit) and
+`policy` (after the D+ warm start and after each round's RL); `load_model` / `load_prm` read
+them back. A run starts over in its workdir: models of an earlier run there are replaced.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 from collections.abc import Sequence
 
@@ -42,7 +49,9 @@ from rl.core import algorithms
 from rl.rollout import engine as rollout_lib
 from rl.rollout import trajectories
 from rl.core import train_step as ts
+from rl.jobs.checkpoint import Checkpointer
 from rl.rewards import code as code_reward
+from rl.rewards.genrm import BradleyTerryRM, split_model
 from rl.o1_coder import mcts, prm as prm_lib, reasoning, tcg
 from rl.o1_coder.finetune import supervised_finetune
 from rl.o1_coder.tasks import (CodingTask, distractor_trace, program_of, reasoning_trace,
@@ -238,11 +247,72 @@ def tests_from_tcg(tasks: Sequence[CodingTask], generated: Sequence[Sequence[tup
   return tests, fallbacks / max(len(tasks), 1)
 
 
+def dplus_pairs(correct: Sequence[tuple[CodingTask, str]]) -> list[tuple[str, str]]:
+  """O1-Coder's D+ as SFT data: (task prompt, a correct reasoning path the search found)."""
+  return [(task.prompt, path) for task, path in correct]
+
+
 def _model(config: ml_collections.ConfigDict, *, head: str, seed: int) -> Transformer:
   cfg = model_config(config)
   if head == "scalar":
     cfg = cfg.replace(head="scalar", tie_embeddings=False)
   return Transformer(cfg, rngs=nnx.Rngs(params=seed))
+
+
+# ----------------------------------------------------------------------------- Saved models
+
+MODEL_HEADS = {"tcg": "lm", "prm": "scalar", "policy": "lm"}
+
+
+def save_model(workdir: str, name: str, model, *, step: int = 0) -> None:
+  """Writes <workdir>/models/<name> (one of MODEL_HEADS): the parameters and the other state
+  of an nnx model or a (graphdef, params, rest) split; the latest `step` is kept."""
+  if name not in MODEL_HEADS:
+    raise ValueError(f"saved model {name!r}: must be one of {sorted(MODEL_HEADS)}")
+  _, params, rest = split_model(model)
+  ckpt = Checkpointer(os.path.join(workdir, "models", name), keep=1)
+  ckpt.save(step, {"params": params, "rest": rest}, {"name": name, "step": step}, force=True)
+  ckpt.close()
+
+
+def load_model(config: ml_collections.ConfigDict, workdir: str, name: str) -> nnx.Module:
+  """The model `save_model` wrote under <workdir>/models/<name> in a run of `config`."""
+  if name not in MODEL_HEADS:
+    raise ValueError(f"saved model {name!r}: must be one of {sorted(MODEL_HEADS)}")
+  graphdef, params, rest = nnx.split(_model(config, head=MODEL_HEADS[name], seed=0),
+                                     nnx.Param, ...)
+  ckpt = Checkpointer(os.path.join(workdir, "models", name), keep=1)
+  step = ckpt.latest_step()
+  if step is None:
+    ckpt.close()
+    raise FileNotFoundError(f"no saved {name} model in {ckpt.directory}")
+  state, _ = ckpt.restore(step, {"params": params, "rest": rest})
+  ckpt.close()
+  return nnx.merge(graphdef, state["params"], state["rest"])
+
+
+def load_prm(config: ml_collections.ConfigDict, workdir: str,
+             tokenizer) -> prm_lib.ProcessRewardModel:
+  """The run's saved PRM, scoring steps as it did in the run."""
+  return prm_lib.ProcessRewardModel(BradleyTerryRM(load_model(config, workdir, "prm"), tokenizer,
+                                                   batch_size=2 * config.o1.batch_size))
+
+
+def warm_start_on_dplus(policy: SelfPlayPolicy, correct: Sequence[tuple[CodingTask, str]],
+                        config: ml_collections.ConfigDict) -> tuple[SelfPlayPolicy, dict]:
+  """O1-Coder section 3.3's policy initialisation: `config.o1.dplus_sft_steps` of SFT of the
+  policy on the search's correct paths D+ (`correct`), then a fresh RL optimiser. Returns the
+  policy and metrics (`dplus_paths`, and the SFT losses); an empty D+ leaves the policy as it
+  is (warned)."""
+  c = config
+  if not correct:
+    logging.warning("the first search found no correct path: the policy starts RL from the "
+                    "bootstrap (D+ is empty)")
+    return policy, {"dplus_paths": 0}
+  model, metrics = supervised_finetune(policy.model(), policy.tokenizer, dplus_pairs(correct),
+                                       steps=c.o1.dplus_sft_steps, batch_size=c.o1.batch_size,
+                                       lr=c.sft.lr, seed=c.seed + 1)
+  return SelfPlayPolicy(model, policy.tokenizer, c), {"dplus_paths": len(correct), **metrics}
 
 
 # What self-play reads of a config; every other field must keep its neutral value (the `rl`
@@ -278,6 +348,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   validate(c)
   refuse_unread(c)
   os.makedirs(workdir, exist_ok=True)
+  shutil.rmtree(os.path.join(workdir, "models"), ignore_errors=True)
   t_start = time.perf_counter()
   tokenizer = load_tokenizer(c.tokenizer)
   train_tasks, heldout_tasks = split_tasks(c.seed, o.heldout_fraction)
@@ -302,12 +373,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       train_tasks, tcg.generate_cases(generator, tokenizer, train_tasks, seed=c.seed),
       fallback=o.tests_per_task, seed=c.seed)
   tcg_metrics["train_tasks_without_valid_cases"] = fallback
+  save_model(workdir, "tcg", generator)
   log_stage("tcg", tcg_metrics)
   tests = dict(train_tests)
   tests.update({task: task.test_cases(o.tests_per_task, c.seed) for task in heldout_tasks})
   grader = Grader(tests, o.compile_weight)
 
-  # ------------------------------------------------------------------ Policy warm start
+  # ------------------------------------------------------------------ Bootstrap policy
   policy_model, sft_metrics = supervised_finetune(
       _model(c, head="lm", seed=c.seed), tokenizer,
       warm_start_pairs(train_tasks, size=o.sft_examples,
@@ -345,12 +417,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                                            r.sibling_group[1]))
                      for r in new_rows]
     correct = reasoning.correct_paths(search_tasks, trees)
+    if iteration == 0:
+      policy, warm = warm_start_on_dplus(policy, correct, c)
+      save_model(workdir, "policy", policy.model(), step=0)
+      log_stage("iteration_0/warm_start_on_dplus", {**warm, **pass_rates()})
     prm_train, prm_heldout = prm_lib.split_by_tree(process_rows, o.prm_heldout_fraction,
                                                    c.seed + iteration)
     prm, prm_metrics = prm_lib.train_prm(
         _model(c, head="scalar", seed=c.seed + 20 + iteration), tokenizer, prm_train,
         prm_heldout, mode=o.prm_mode, steps=o.prm_steps, batch_size=o.batch_size,
         seed=c.seed + iteration)
+    rm = prm.reward_model
+    save_model(workdir, "prm", (rm.graphdef, rm.params, rm.rest), step=iteration)
     log_stage(f"iteration_{iteration}/search_and_prm", {
         **prm_metrics, "process_steps": len(new_rows), "correct_paths": len(correct),
         "trees_with_correct_path": sum(bool(t.correct_paths()) for t in trees) / len(trees)})
@@ -364,6 +442,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       if (step + 1) % c.train.log_every == 0:
         logging.info("iteration %d rl step %d/%d: %s", iteration, step + 1, c.train.steps,
                      {k: round(v, 3) for k, v in history[-1].items()})
+    save_model(workdir, "policy", policy.model(), step=iteration + 1)
     log_stage(f"iteration_{iteration}/rl", {
         "first_step": history[0], "last_step": history[-1], **pass_rates()})
   results["wall_s"] = time.perf_counter() - t_start

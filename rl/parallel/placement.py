@@ -104,7 +104,8 @@ def workload(config, *, prompt_len: int | None = None) -> planner.Workload:
       kernel_backend=backend if backend in ("reference", "interpret") else "compiled",
       offload_optimizer=bool(config.optim.offload_state),
       kept_ids=kept_ids_width(top_p=r.top_p, top_k=r.top_k, greedy=r.temperature == 0,
-                              vocab_size=cfg.vocab_size) if rl.keep_sampling_mask else 0)
+                              vocab_size=cfg.vocab_size, max_kept=r.max_kept_ids)
+      if rl.keep_sampling_mask else 0)
 
 
 def best_mesh(config, devices: int, device: planner.DeviceSpec) -> planner.Plan:

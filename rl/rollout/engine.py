@@ -23,8 +23,9 @@ one compiled program; `trace_count()` counts compilations for tests.
 
 Output rows follow the `Trajectories` layout: prompt, then response, then padding; logp_old,
 kept_ids and routing are aligned with the tokens (routing[n, t] = experts used when token t
-was processed; kept_ids[n, t] = the ids the sampler could draw token t from, int32 [top_k]
-padded with -1, recorded only when it truncates: rl/core/sampling.py kept_ids_width). Prompts
+was processed; kept_ids[n, t] = the ids the sampler could draw token t from, int32 [top_k] padded with -1
+(top-p alone: max_kept_ids ids and a cut flag), recorded only when it truncates:
+rl/core/sampling.py kept_ids_width). Prompts
 in, `Trajectories` out (bucketing the prompts, repeating them per sample, wrapping the output)
 is rl/rollout/trajectories.py, built on `run_engine`.
 """
@@ -74,6 +75,9 @@ class RolloutConfig:
   batch_size: int = 0  # decode slots; 0: one slot per sequence (static batching)
   prefill_batch: int = 0  # prompts prefilled together on refill; 0: max(1, batch_size // 4)
   keep_sampling_mask: bool = False
+  # Keep-sampling-mask with top-p alone: the nucleus is cut to this many ids (the record's
+  # bound; rl/core/sampling.py kept_ids_width). 0: top-p alone is refused.
+  max_kept_ids: int = 0
   keep_routing: bool = False
   vocab_limit: int | None = None  # ids >= this are never sampled
   pad_id: int = 0
@@ -87,7 +91,7 @@ class RolloutConfig:
                        "greedy=True")
     if not 0.0 < self.top_p <= 1.0:
       raise ValueError(f"RolloutConfig.top_p={self.top_p}: must be in (0, 1]")
-    for name in ("top_k", "max_prompt_len", "batch_size", "prefill_batch"):
+    for name in ("top_k", "max_prompt_len", "batch_size", "prefill_batch", "max_kept_ids"):
       if getattr(self, name) < 0:
         raise ValueError(f"RolloutConfig.{name}={getattr(self, name)}: must be >= 0")
     if self.prompt_bucket <= 0:
@@ -96,7 +100,8 @@ class RolloutConfig:
       raise ValueError(f"RolloutConfig.vocab_limit={self.vocab_limit}: must be positive")
     if self.keep_sampling_mask:
       try:
-        sampling.kept_ids_width(top_p=self.top_p, top_k=self.top_k, greedy=self.greedy)
+        sampling.kept_ids_width(top_p=self.top_p, top_k=self.top_k, greedy=self.greedy,
+                                max_kept=self.max_kept_ids)
       except ValueError as e:
         raise ValueError(f"RolloutConfig.keep_sampling_mask: {e}") from None
 
@@ -114,8 +119,8 @@ def run_rollout_config(config, *, stop_ids: Sequence[int] = (), pad_id: int = 0
       max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
       greedy=r.temperature == 0, stop_ids=tuple(stop_ids), prompt_bucket=r.prompt_bucket,
       batch_size=r.batch_size, prefill_batch=r.prefill_batch,
-      keep_sampling_mask=config.rl.keep_sampling_mask, keep_routing=config.rl.keep_routing,
-      pad_id=pad_id)
+      keep_sampling_mask=config.rl.keep_sampling_mask, max_kept_ids=r.max_kept_ids,
+      keep_routing=config.rl.keep_routing, pad_id=pad_id)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +135,7 @@ class _EngineSpec:
   top_k: int
   greedy: bool
   keep_sampling_mask: bool
+  max_kept_ids: int
   keep_routing: bool
   vocab_limit: int | None
   pad_id: int
@@ -202,8 +208,11 @@ def _engine_fn(graphdef, spec: _EngineSpec):
       carry["routing"] = constrain(jnp.broadcast_to(
           jnp.arange(k, dtype=jnp.int32), (n_seqs, width, cfg.n_moe_layers, k)))
     kept_width = sampling.kept_ids_width(
-        top_p=spec.top_p, top_k=spec.top_k, greedy=spec.greedy,
-        vocab_size=vocab) if spec.keep_sampling_mask else 0
+        top_p=spec.top_p, top_k=spec.top_k, greedy=spec.greedy, vocab_size=vocab,
+        max_kept=spec.max_kept_ids) if spec.keep_sampling_mask else 0
+    # The nucleus cut that bounds a top-p-alone record (0: none; the sampler is unchanged).
+    cap = sampling.nucleus_cap(top_p=spec.top_p, top_k=spec.top_k, greedy=spec.greedy,
+                               max_kept=spec.max_kept_ids, vocab_size=vocab) if kept_width else 0
     if kept_width:
       carry["kept_ids"] = constrain(jnp.full((n_seqs, width, kept_width), -1, jnp.int32))
 
@@ -240,9 +249,9 @@ def _engine_fn(graphdef, spec: _EngineSpec):
       active = c["slot_seq"] < free
       seq = jnp.where(active, c["slot_seq"], 0)
       keys = jax.vmap(jax.random.fold_in)(seq_keys[seq], c["slot_count"])
-      token, token_logp, kept = sampling.sample(
+      token, token_logp, kept, cut = sampling.sample_and_cut(
           keys, c["slot_logits"], temperature=spec.temperature, top_p=spec.top_p,
-          top_k=spec.top_k, vocab_limit=spec.vocab_limit, greedy=spec.greedy)
+          top_k=spec.top_k, vocab_limit=spec.vocab_limit, greedy=spec.greedy, max_kept=cap)
       token = jnp.where(active, token, spec.pad_id)
       position = c["cache"]["lengths"]
       row = c["slot_seq"]  # `free` for empty slots: their writes are dropped
@@ -250,7 +259,7 @@ def _engine_fn(graphdef, spec: _EngineSpec):
       c["logp"] = c["logp"].at[row, position].set(token_logp, mode="drop")
       if kept_width:
         c["kept_ids"] = c["kept_ids"].at[row, position].set(
-            sampling.kept_ids_from_mask(kept, kept_width), mode="drop")
+            sampling.kept_record(kept, cut, kept_width, cap=cap), mode="drop")
       c["slot_count"] = c["slot_count"] + active
       c["slot_new"] = c["slot_new"] + active
       stop = active & jnp.any(token[:, None] == stop_table[seq], axis=-1)
@@ -349,7 +358,7 @@ def _engine_spec(cfg: RolloutConfig, n: int, new_tokens: int, rows: int | None,
       slots=slots, refill_rows=refill_rows, new_tokens=new_tokens,
       temperature=float(cfg.temperature), top_p=float(cfg.top_p), top_k=int(cfg.top_k),
       greedy=bool(cfg.greedy), keep_sampling_mask=cfg.keep_sampling_mask,
-      keep_routing=cfg.keep_routing, vocab_limit=cfg.vocab_limit, pad_id=int(cfg.pad_id),
+      max_kept_ids=int(cfg.max_kept_ids), keep_routing=cfg.keep_routing, vocab_limit=cfg.vocab_limit, pad_id=int(cfg.pad_id),
       row_sharding=row_sharding)
   return spec, n_padded
 

@@ -168,6 +168,9 @@ PROBES = {
     "rollout.temperature": ("rollout", 0.5, {}),
     "rollout.top_p": ("rollout", 0.9, {}),
     "rollout.top_k": ("rollout", 5, {}),
+    # The cap of a top-p-alone kept-set record: only with keep-sampling-mask and top_p < 1.
+    "rollout.max_kept_ids": ("rollout", 4, {"rl.keep_sampling_mask": True,
+                                            "rollout.top_p": 0.9}),
     "rollout.prompt_bucket": ("rollout", 64, {}),
     "rollout.batch_size": ("rollout", 2, {}),
     "rollout.prefill_batch": ("rollout", 2, {"rollout.batch_size": 2}),

@@ -336,16 +336,23 @@ def test_indexer_loss_needs_an_indexer():
 
 
 def test_keep_sampling_mask_needs_a_bounded_kept_set():
-  """Keep-sampling-mask records each token's kept set as top_k ids: top-p without top-k is
-  refused at start-up, naming both fields; top_k (or top_p 1, or greedy) is accepted."""
+  """Keep-sampling-mask records each token's kept set as ids: top-p alone is bounded by
+  rollout.max_kept_ids, and refused at start-up without one, naming the fields; top_k (or top_p
+  1, or greedy) is accepted."""
   c = base_config(preset="tiny_dense", algorithm="grpo_v32")
   validate(c)  # top_p 1: nothing is truncated, nothing recorded
   c.rollout.top_p = 0.95
+  validate(c)  # the nucleus cut to max_kept_ids (64)
+  c.rollout.max_kept_ids = 0
   with pytest.raises(ValueError, match=r"config.rl.keep_sampling_mask=True with "
-                     r"config.rollout.top_p=0.95 and config.rollout.top_k=0: "):
+                     r"config.rollout.top_p=0.95, config.rollout.top_k=0 and "
+                     r"config.rollout.max_kept_ids=0: "):
     validate(c)
   c.rollout.top_k = 64
   validate(c)
+  c.rollout.max_kept_ids = -1
+  with pytest.raises(ValueError, match=r"config.rollout.max_kept_ids=-1"):
+    validate(c)
 
 
 def test_mesh_allows_one_open_axis():
@@ -396,3 +403,17 @@ def test_init_hf_dir_starts_the_policy_from_the_checkpoint(tmp_path):
   loaded = build_policy(config).cfg
   assert (loaded.moe_dispatch, loaded.router_bias_rate, loaded.remat, loaded.kernel_backend) == (
       "dense", 0.5, "full", "reference")
+
+
+def test_demo_grpo_v32_records_and_replays_kept_sets():
+  """configs/demo.py:grpo_v32 samples with top-p alone, as DeepSeek-V3.2 does, so its
+  keep-sampling-mask is live: the rollout records each token's kept ids (max_kept_ids ids and
+  the cut flag) and the batch the update reads carries them."""
+  from configs import demo
+  from rl.parallel import placement
+  from rl.rollout.engine import run_rollout_config
+  c = demo.get_config("grpo_v32")
+  validate(c)
+  rollout = run_rollout_config(c)
+  assert rollout.keep_sampling_mask and rollout.top_p < 1 and rollout.top_k == 0
+  assert placement.workload(c).kept_ids == c.rollout.max_kept_ids + 1

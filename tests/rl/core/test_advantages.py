@@ -165,6 +165,18 @@ def test_estimate_calls_each_estimator_the_same_way():
                                 adv.gae(rewards, values, MASK, gamma=0.9, lam=lam)[0])
 
 
+def test_grpo_v32_advantage_is_the_reward_minus_the_group_mean():
+  """DeepSeek-V3.2 section 3.1: A_i = R_i - mean(R) over the group, with no division by the
+  group's standard deviation (GRPO's), on every response token."""
+  from rl.core import algorithms
+  scores, groups = jnp.array([1.0, 0.0, 0.0, 0.0, 1.0, 1.0]), jnp.array([0, 0, 0, 0, 1, 1])
+  mask = jnp.ones((6, 3))
+  out = adv.estimate(algorithms.recipe("grpo_v32"), scores, groups,
+                     place_on_last_token(scores, mask), mask, None)
+  want = np.array([0.75, -0.25, -0.25, -0.25, 0.0, 0.0])[:, None] * np.ones((1, 3))
+  np.testing.assert_allclose(out["advantages"], want, atol=1e-6)
+
+
 def test_unknown_estimator_names_the_field_and_the_entries():
   from rl.core import algorithms
   want = ("config.rl.estimator='ppo2': must be one of "

@@ -148,8 +148,52 @@ def test_kept_ids_width_is_the_recording_rule():
   assert sampling.kept_ids_width(top_p=0.9, top_k=0, greedy=True) == 0
   assert sampling.kept_ids_width(top_p=0.95, top_k=256) == 256
   assert sampling.kept_ids_width(top_p=1.0, top_k=20, vocab_size=8) == 8
-  with pytest.raises(ValueError, match="top_p=0.95 with top_k=0"):
+  with pytest.raises(ValueError, match="top_p=0.95 with top_k=0 and max_kept=0"):
     sampling.kept_ids_width(top_p=0.95, top_k=0)
+  # Top-p alone: max_kept ids (at most the vocabulary) and the cut flag slot.
+  assert sampling.kept_ids_width(top_p=0.95, top_k=0, max_kept=32) == 33
+  assert sampling.kept_ids_width(top_p=0.95, top_k=0, max_kept=32, vocab_size=8) == 9
+  assert sampling.kept_ids_width(top_p=0.95, top_k=16, max_kept=32) == 16  # top-k bounds it
+
+
+@pytest.mark.parametrize("cap", [1, 6, 40, 300])
+def test_top_p_alone_record_is_the_nucleus_cut_to_the_cap(cap):
+  """Top-p without top-k under keep-sampling-mask: the record holds the sampler's nucleus
+  exactly where it has at most `cap` ids (flag slot -1); a wider nucleus is cut to its `cap`
+  most probable ids (flag -2) and counted; either way the mask rebuilt from the record is the
+  set the sampler drew from, and its log-probs are the sampler's."""
+  vocab, top_p = 300, 0.9
+  logits = 2.0 * jax.random.normal(jax.random.key(cap), (64, vocab))
+  logits = logits.at[:32].multiply(4.0)  # half the rows peaked: narrow nuclei
+  keys = jax.random.split(jax.random.key(1), 64)
+  width = sampling.kept_ids_width(top_p=top_p, top_k=0, vocab_size=vocab, max_kept=cap)
+  applied = sampling.nucleus_cap(top_p=top_p, top_k=0, max_kept=cap, vocab_size=vocab)
+  tokens, logp, kept, cut = sampling.sample_and_cut(keys, logits, temperature=0.8, top_p=top_p,
+                                                    max_kept=applied)
+  record = np.asarray(sampling.kept_record(kept, cut, width, cap=applied))
+  assert record.shape == (64, min(cap, vocab) + 1)
+  rebuilt = np.asarray(sampling.kept_mask_from_ids(record, vocab))
+  np.testing.assert_array_equal(rebuilt, kept)
+  nucleus = np.asarray(sampling.kept_set(logits / 0.8, top_p=top_p))
+  sizes = nucleus.sum(-1)
+  wide = sizes > cap
+  np.testing.assert_array_equal(rebuilt[~wide], nucleus[~wide])
+  assert np.all(record[~wide, -1] == -1) and np.all(record[wide, -1] == sampling.CUT_FLAG)
+  assert sampling.cut_tokens(record) == wide.sum()
+  for row in np.nonzero(wide)[0]:  # the cap's most probable ids of the nucleus
+    top = np.argsort(-np.asarray(logits[row]), kind="stable")[:cap]
+    assert rebuilt[row].sum() == cap and set(np.nonzero(rebuilt[row])[0]) == set(top)
+    assert nucleus[row, top].all()
+  assert rebuilt[np.arange(64), np.asarray(tokens)].all()
+  trainer = sampling.masked_logprobs(logits, temperature=0.8, kept_mask=jnp.asarray(rebuilt))
+  np.testing.assert_allclose(np.asarray(sampling.token_logprobs(trainer, tokens)),
+                             np.asarray(logp), atol=1e-5)
+  if cap == 1:
+    assert wide.sum() > 16  # the flat rows' nuclei are wider than one id
+  if cap == 300:
+    assert not wide.any()  # a cap of the whole vocabulary never cuts
+  elif cap == 6:
+    assert 0 < wide.sum() < 64  # some nuclei fit, some are cut
 
 
 def test_bad_arguments_name_the_value():

@@ -153,10 +153,9 @@ def test_select_prompts_launcher_writes_the_worst_of_n_prompts_the_trainer_reads
 def test_three_steps_of_each_recipe(algorithm, demo_run, tmp_path):
   """Finite losses, no skipped steps, parameters move, the recipe's own metrics are written."""
   sft_ckpt = os.path.join(demo_run[0], "sft", "checkpoints")
-  # grpo_v32 keeps the sampling mask: a truncating sampler records kept ids, which then go
-  # through the batch, the reference log-probs and the update.
-  truncate = {"rollout.top_p": 0.95, "rollout.top_k": 32} if algorithm == "grpo_v32" else {}
-  c = small_config(algorithm, init_checkpoint=sft_ckpt, job="rl", **truncate)
+  # grpo_v32 keeps the sampling mask: its top-p sampler (the demo's) records kept ids, which
+  # then go through the batch, the reference log-probs and the update.
+  c = small_config(algorithm, init_checkpoint=sft_ckpt, job="rl")
   trainer = Trainer(c, str(tmp_path))
   before = jax.tree.map(np.asarray, trainer.state.params)
   trainer.run()
@@ -180,6 +179,7 @@ def test_three_steps_of_each_recipe(algorithm, demo_run, tmp_path):
     assert "nll_positive" in rows[1]
   if algorithm == "grpo_v32":
     assert all("kl" in r and "offpolicy_masked_frac" in r for r in rows)
+    assert all(r["kept_cut_tokens"] >= 0 for r in rows)
 
 
 def test_router_biases_move_between_steps_not_within_one(demo_run, tmp_path):

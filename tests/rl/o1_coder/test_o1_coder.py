@@ -4,6 +4,7 @@ generator's data and metric, the aggregated reward, and the model-backed search 
 
 import math
 
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -12,6 +13,7 @@ from models.config import get_config
 from models.tokenizer import load_tokenizer
 from models.transformer import Transformer
 from rl.rewards import sandbox
+from rl.rewards.genrm import BradleyTerryRM
 from rl.o1_coder import mcts, prm as prm_lib, reasoning, selfplay, tasks as tasks_lib, tcg
 
 needs_sandbox = pytest.mark.skipif(
@@ -312,6 +314,67 @@ def test_prm_beats_chance_on_heldout_sibling_pairs(mode):
   assert scores[0].shape == (2,) and np.all((scores[0] > 0) & (scores[0] < 1))
 
 
+# ----------------------------------------------------------------------------- Policy, models
+
+
+def test_policy_warm_start_fine_tunes_on_dplus(monkeypatch):
+  """O1-Coder section 3.3: the policy is initialised by SFT on D+, the search's correct paths:
+  the fine-tuning data is exactly D+ (prompt, path) pairs, the policy's loss on them falls and
+  its parameters move; an empty D+ leaves the policy unchanged."""
+  from configs import o1_coder
+  config = o1_coder.get_config("test")
+  tokenizer = load_tokenizer(config.tokenizer)
+  policy = selfplay.SelfPlayPolicy(selfplay._model(config, head="lm", seed=0), tokenizer, config)
+  train, _ = tasks_lib.split_tasks(config.seed)
+  correct = [(task, tasks_lib.join_steps(tasks_lib.split_steps(tasks_lib.reasoning_trace(task))))
+             for task in train[:3]]
+  seen = []
+  finetune = selfplay.supervised_finetune
+  monkeypatch.setattr(selfplay, "supervised_finetune",
+                      lambda model, tok, pairs, **kw: seen.append(list(pairs))
+                      or finetune(model, tok, pairs, **kw))
+  warm, metrics = selfplay.warm_start_on_dplus(policy, correct, config)
+  assert seen == [[(task.prompt, path) for task, path in correct]]
+  assert metrics["dplus_paths"] == 3 and metrics["steps"] == config.o1.dplus_sft_steps
+  assert metrics["train_loss_end"] < metrics["train_loss_start"]
+  before, after = (jax.tree.leaves(p.state.params) for p in (policy, warm))
+  assert not all(np.array_equal(a, b) for a, b in zip(before, after))
+  same, metrics = selfplay.warm_start_on_dplus(policy, [], config)
+  assert same is policy and metrics == {"dplus_paths": 0} and len(seen) == 1
+
+
+def test_saved_models_reload(tmp_path):
+  """save_model / load_model: the TCG, the PRM and the policy written under
+  <workdir>/models come back with the saved parameters (not a fresh init: the saved ones are
+  from other seeds), the latest save of a name wins, and the reloaded PRM scores steps as the
+  saved one did."""
+  from configs import o1_coder
+  config = o1_coder.get_config("test")
+  tokenizer = load_tokenizer(config.tokenizer)
+  saved = {"tcg": selfplay._model(config, head="lm", seed=3),
+           "prm": selfplay._model(config, head="scalar", seed=4),
+           "policy": selfplay._model(config, head="lm", seed=5)}
+  selfplay.save_model(str(tmp_path), "policy", selfplay._model(config, head="lm", seed=6))
+  for step, (name, model) in enumerate(saved.items(), start=1):
+    selfplay.save_model(str(tmp_path), name, model, step=step)
+  for name, model in saved.items():
+    loaded = nnx.state(selfplay.load_model(config, str(tmp_path), name), nnx.Param)
+    fresh = nnx.state(selfplay._model(config, head=selfplay.MODEL_HEADS[name], seed=0),
+                      nnx.Param)
+    want = nnx.state(model, nnx.Param)
+    same = [np.array_equal(a, b) for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(want))]
+    assert len(same) == len(jax.tree.leaves(want)) and all(same), name
+    assert not np.array_equal(jax.tree.leaves(loaded)[0], jax.tree.leaves(fresh)[0]), name
+  prm = prm_lib.ProcessRewardModel(BradleyTerryRM(saved["prm"], tokenizer))
+  path = ["[plan] k=0; read a b; out sum + k", "[refine] x"]
+  task = tasks_lib.CodingTask("int", "sum", 0)
+  np.testing.assert_array_equal(
+      selfplay.load_prm(config, str(tmp_path), tokenizer).step_scores([task.prompt], [path])[0],
+      prm.step_scores([task.prompt], [path])[0])
+  with pytest.raises(FileNotFoundError, match="no saved prm model"):
+    selfplay.load_model(config, str(tmp_path / "elsewhere"), "prm")
+
+
 # ----------------------------------------------------------------------------- Model-backed
 
 
@@ -368,16 +431,41 @@ def test_code_reasoning_problem_scores_code_in_sandbox(tiny_sampler):
 
 
 @pytest.mark.slow
-def test_o1_coder_pipeline_smoke(tmp_path):
-  """configs/o1_coder.py:test runs every stage end to end and reports its numbers."""
+def test_o1_coder_pipeline_smoke(tmp_path, monkeypatch):
+  """configs/o1_coder.py:test runs every stage end to end and reports its numbers; the policy's
+  initialisation fine-tunes on exactly the first search's correct paths D+ (O1-Coder section
+  3.3), from the bootstrap policy; the run's TCG, PRM and policy are saved and reload."""
   if sandbox.bwrap_path() is None:
     pytest.skip("needs the sandbox")
   import importlib.util
   spec = importlib.util.spec_from_file_location("o1_config", "configs/o1_coder.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  results = selfplay.run(module.get_config("test"), str(tmp_path))
+  config = module.get_config("test")
+  found, finetuned = [], []
+  correct_paths, finetune = reasoning.correct_paths, selfplay.supervised_finetune
+  monkeypatch.setattr(reasoning, "correct_paths",
+                      lambda *a: found.append(correct_paths(*a)) or found[-1])
+  monkeypatch.setattr(selfplay, "supervised_finetune",
+                      lambda model, tok, pairs, **kw: finetuned.append((list(pairs), kw))
+                      or finetune(model, tok, pairs, **kw))
+  results = selfplay.run(config, str(tmp_path))
   summary = results["summary"]
   assert 0.0 <= summary["tcg_pass_rate"] <= 1.0
   assert set(summary["pass_rate_before"]) >= {"heldout_greedy", "train_sampled"}
   assert (tmp_path / "results.json").exists()
+  dplus = selfplay.dplus_pairs(found[0])
+  assert results["iteration_0/warm_start_on_dplus"]["dplus_paths"] == len(dplus)
+  # Calls: the bootstrap on templated paths, then (when the search found any) D+ alone.
+  assert len(finetuned) == 1 + bool(dplus)
+  if dplus:
+    assert finetuned[1] == (dplus, dict(steps=config.o1.dplus_sft_steps,
+                                        batch_size=config.o1.batch_size, lr=config.sft.lr,
+                                        seed=config.seed + 1))
+  tokenizer = load_tokenizer(config.tokenizer)
+  for name in ("tcg", "policy"):
+    assert isinstance(selfplay.load_model(config, str(tmp_path), name), Transformer)
+  task = tasks_lib.CodingTask("int", "sum", 0)
+  scores = selfplay.load_prm(config, str(tmp_path), tokenizer).step_scores(
+      [task.prompt], [tasks_lib.split_steps(tasks_lib.reasoning_trace(task))])
+  assert np.all((scores[0] > 0) & (scores[0] < 1))

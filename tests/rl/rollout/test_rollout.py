@@ -137,6 +137,38 @@ def test_logp_old_equals_trainer_recomputation(name):
                                 np.sort(routing, -1)[processed])
 
 
+@pytest.mark.parametrize("cap", [16, 400])
+def test_top_p_alone_records_the_nucleus_within_its_cap(cap):
+  """Keep-sampling-mask with top-p alone (the DeepSeek-V3.2 setting) on the MLA+DSA MoE model:
+  each sampled token's record rebuilds the sampler's top-p nucleus, recomputed here from the
+  trainer's teacher-forced logits, wherever it has at most max_kept_ids ids; a wider one is cut
+  to its max_kept_ids most probable ids, flagged and counted (cap 16: every token; a cap over
+  the vocabulary: none). The trainer's log-probs over the rebuilt mask equal logp_old."""
+  cfg = engine.RolloutConfig(max_new_tokens=10, temperature=0.7, top_p=0.9, stop_ids=STOP_IDS,
+                             prompt_bucket=8, batch_size=3, keep_sampling_mask=True,
+                             max_kept_ids=cap)
+  traj, _ = generated("tiny_moe_mla_dsa", cfg)
+  graphdef, state = tiny("tiny_moe_mla_dsa")
+  mask = np.asarray(traj.response_mask).astype(bool)
+  tokens = jnp.asarray(traj.tokens)
+  assert traj.kept_ids.shape == (*tokens.shape, min(cap, 264) + 1)
+  logp, _, _ = trainer_logprobs_fn(graphdef, cfg.temperature)(state, tokens, None,
+                                                              traj.kept_ids)
+  np.testing.assert_allclose(np.asarray(logp)[mask], np.asarray(traj.logp_old)[mask],
+                             atol=1e-5, rtol=0)
+  logits = jax.jit(lambda st, t: nnx.merge(graphdef, st).forward(t).logits)(state, tokens)
+  nucleus = np.asarray(sampling.kept_set(logits[:, :-1] / cfg.temperature, top_p=cfg.top_p))
+  rebuilt = np.asarray(sampling.kept_mask_from_ids(traj.kept_ids[:, 1:], 264))
+  record, nucleus, rebuilt = (x[mask[:, 1:]] for x in (traj.kept_ids[:, 1:], nucleus, rebuilt))
+  wide = nucleus.sum(-1) > cap
+  np.testing.assert_array_equal(rebuilt[~wide], nucleus[~wide])
+  assert np.all(rebuilt[wide].sum(-1) == cap) and not (rebuilt[wide] & ~nucleus[wide]).any()
+  np.testing.assert_array_equal(record[:, -1] == sampling.CUT_FLAG, wide)
+  assert sampling.cut_tokens(traj.kept_ids) == wide.sum()
+  # The random model's nuclei hold ~225 of the 264 ids: all cut at 16, none over 264.
+  assert wide.all() if cap == 16 else not wide.any()
+
+
 def test_continuous_batching_equals_static():
   """Continuous batching (3 slots for 10 sequences) returns exactly the tokens, stop flags and
   (to fp32 rounding) log-probs of static batching with the same seed, in fewer decode steps
