@@ -1,13 +1,12 @@
 """Learning gates: the demo's promise (RL visibly beats its SFT start) checked by running it.
 
-The fast gates are the demo shortened to a few RL steps, one per recipe on the model card: DAPO,
-VAPO and DeepSeek-V3.2's GRPO, each with the same verifier and from one SFT checkpoint, which
-the module trains once (the demo's cold start: most of the gates' time). They fail when
-learning breaks (a flipped policy-gradient sign, a zero learning rate, a verifier that rewards
-nothing); their margins were measured across seeds (README, "The demo"). VAPO's gate also
-checks its value pretraining: the critic's value loss falls and its explained variance rises
-before the actor starts. The slow tests run the README's command itself for three seeds and
-hold it to the bar: >= 0.80 held-out, >= 15 points over SFT.
+The fast gates are the demo shortened to 25 RL steps, one per recipe on the model card: DAPO,
+VAPO (its 10 value-pretraining steps included) and DeepSeek-V3.2's GRPO, each with the same
+verifier and from one SFT stage, which the first gate trains and the others find finished (the
+demo's cold start: most of the gates' time). They fail when learning breaks (a flipped
+policy-gradient sign, a zero learning rate, a verifier that rewards nothing); their margins
+were measured (README, "The demo"). The slow tests run the README's commands themselves and
+hold them to the bar: >= 0.80 held-out, >= 15 points over SFT.
 """
 
 import json
@@ -23,12 +22,10 @@ from rl.jobs import sft_then_rl
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
-# Fast gates: the demo with these many RL steps per recipe (VAPO's include its value
-# pretraining). Measured gains (seeds 0-2) are in the README; the margin sits well below the
-# smallest of them and far above a broken run's.
+# Fast gates: the demo with these many RL steps per recipe. Measured gains are in the README;
+# the margin sits well below the smallest of them and far above a broken run's.
 GATE_RL_STEPS = {"dapo": 25, "vapo": 25, "grpo_v32": 25}
 GATE_MIN_GAIN = 0.10
-GATE_MIN_EV_RISE = 0.03
 
 
 def gate_config(algorithm: str = "dapo", seed: int = 0) -> ml_collections.ConfigDict:
@@ -59,30 +56,23 @@ def run_gate(algorithm: str, workdir) -> dict:
 @pytest.mark.parametrize("algorithm", list(GATE_RL_STEPS))
 def test_rl_beats_its_sft_start(algorithm, gate_workdir):
   """The shortened demo: RL from the SFT checkpoint raises greedy held-out accuracy by at
-  least GATE_MIN_GAIN (a sign-flipped or zero-rate update cannot: see the README). VAPO's value
-  pretraining (the steps before the actor starts) raises the critic's explained variance: the
-  mean over its last three steps exceeds that over its first three by GATE_MIN_EV_RISE (a
-  critic that does not learn stays where it started)."""
+  least GATE_MIN_GAIN (a sign-flipped or zero-rate update cannot: see the README)."""
   results = run_gate(algorithm, gate_workdir)
-  sft, rl = results["sft_heldout_acc"], results["rl_heldout_acc"]
-  assert rl >= sft + GATE_MIN_GAIN, results
-  if algorithm == "vapo":
-    with open(gate_workdir / "vapo" / "rl" / "metrics.jsonl") as f:
-      pretraining = [r["explained_variance"] for r in map(json.loads, f) if "pg_loss" not in r]
-    assert len(pretraining) == demo.get_config("vapo").rl.critic_warmup_steps
-    assert sum(pretraining[-3:]) / 3 >= sum(pretraining[:3]) / 3 + GATE_MIN_EV_RISE, pretraining
+  assert results["rl_heldout_acc"] >= results["sft_heldout_acc"] + GATE_MIN_GAIN, results
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("algorithm", list(GATE_RL_STEPS))
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_demo_command_meets_its_bar(seed, tmp_path):
-  """`python launch/train.py --config=configs/demo.py --config.seed=N`: the RL checkpoint
-  reaches >= 0.80 held-out greedy accuracy and >= 15 points over its own SFT checkpoint."""
+def test_demo_command_meets_its_bar(algorithm, seed, tmp_path):
+  """`python launch/train.py --config=configs/demo.py:<algorithm> --config.seed=N`: the RL
+  checkpoint reaches >= 0.80 held-out greedy accuracy and >= 15 points over its own SFT
+  checkpoint."""
   workdir = tmp_path / "demo"
   subprocess.run([sys.executable, os.path.join(REPO_ROOT, "launch", "train.py"),
-                  "--config=" + os.path.join(REPO_ROOT, "configs", "demo.py"),
+                  "--config=" + os.path.join(REPO_ROOT, "configs", "demo.py") + ":" + algorithm,
                   f"--config.seed={seed}", f"--workdir={workdir}"],
-                 check=True, timeout=1800, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                 check=True, timeout=3600, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   results = json.loads((workdir / "results.json").read_text())
   assert results["rl_heldout_acc"] >= 0.80, results
   assert results["rl_heldout_acc"] >= results["sft_heldout_acc"] + 0.15, results
