@@ -52,4 +52,13 @@ def get_config(arg: str = "dapo"):
     # nucleus (at most rollout.max_kept_ids ids; cut tokens are counted as kept_cut_tokens)
     # and the trainer's log-probs are renormalised over it.
     c.rollout.top_p = 0.95
+  if algorithm == "vapo":
+    # Length-adaptive GAE, lam_policy = 1 - 1 / (alpha * l), sets the advantage's horizon
+    # 1 / (1 - lam) to alpha * l tokens. The paper's alpha = 0.05 is for responses of thousands
+    # of tokens; on the demo's ~15 it gives lam_policy = 0 (clamped) for every response, so each
+    # token's advantage is the critic's one-step TD error and the outcome reaches only the last
+    # token. The critic never explained more than ~2% of the return variance here, and with
+    # lam 0 the run collapsed after ~55 steps (responses ran to the length limit: README). At
+    # alpha = 1 the horizon is the whole response (lam 0.93 at 15 tokens).
+    c.rl.length_adaptive_alpha = 1.0
   return c.lock()

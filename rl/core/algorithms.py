@@ -21,6 +21,7 @@ POLICY_LOSSES = losses.POLICY_LOSS_REGISTRY.names()
 KL_KINDS = losses.KL_REGISTRY.names()
 AGG_MODES = losses.AGG_MODES
 REWARD_MODES = ("verify", "dapo")
+CRITIC_INITS = ("policy", "random")
 
 # Every recipe starts from these and changes what its paper changes.
 BASE: dict[str, Any] = dict(
@@ -41,6 +42,9 @@ BASE: dict[str, Any] = dict(
     kl_coef_per_domain="",
     entropy_coef=0.0,  # weight of the entropy bonus
     use_critic=False,  # train a value model beside the policy (the GAE estimators need one)
+    # The critic's start: "policy" (the policy's starting weights, e.g. its SFT checkpoint, with
+    # a fresh scalar head; VAPO, verl) or "random" (its own initialisation).
+    critic_init="policy",
     critic_warmup_steps=0,  # value pretraining steps before any actor update (VAPO)
     value_clip=0.5,  # clip range of the critic's value update
     nll_coef=0.0,  # positive-example LM loss weight mu (VAPO)
@@ -106,6 +110,7 @@ def validate_rl(rl: Any) -> None:
   check("loss_agg_mode", AGG_MODES)
   check("kl_kind", KL_KINDS)
   check("reward_mode", REWARD_MODES)
+  check("critic_init", CRITIC_INITS)
   if not 0 <= rl["clip_low"] < 1:
     raise ValueError(f"config.rl.clip_low={rl['clip_low']}: must be in [0, 1)")
   if rl["clip_high"] < 0:

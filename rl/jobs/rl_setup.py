@@ -70,15 +70,37 @@ def policy(c: ml_collections.ConfigDict, placement: Placement):
   return graphdef, params, jax.device_put(rest, placement.replicated)
 
 
-def critic(c: ml_collections.ConfigDict, model_cfg: ModelConfig, placement: Placement):
+def critic(c: ml_collections.ConfigDict, model_cfg: ModelConfig, placement: Placement,
+           policy_params, policy_rest):
   """(graphdef, rest, optimizer, train state) of the value model: the policy's architecture
-  with a scalar head, its own initialisation and learning rate (config.optim.critic_lr)."""
+  with a scalar head and its own learning rate (config.optim.critic_lr). config.rl.critic_init
+  "policy": every weight but the head is a copy of the policy's starting weights
+  (`policy_params`, `policy_rest`: the SFT checkpoint of a demo run), the scalar head fresh, as
+  VAPO and verl start the critic from a trained model; "random": its own initialisation."""
   model = Transformer(model_cfg.replace(head="scalar", tie_embeddings=False),
                       rngs=nnx.Rngs(params=c.seed + 1))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  if c.rl.critic_init == "policy":
+    params = _copy_backbone(params, policy_params)
+    rest = _copy_backbone(rest, policy_rest)
   optimizer = make_optimizer(c, c.optim.critic_lr)
   state = placement.train_state(params, optimizer, offload=c.optim.offload_state)
   return graphdef, jax.device_put(rest, placement.replicated), optimizer, state
+
+
+def _copy_backbone(target, source):
+  """`target` with each leaf that `source` holds at the same path and shape replaced by a copy
+  of it (a copy: the policy's update donates its buffers). The head is never taken: the
+  critic's scalar head has no counterpart, and an untied LM head's path would mismatch."""
+  held = {path: leaf for path, leaf in jax.tree_util.tree_flatten_with_path(source)[0]}
+
+  def take(path, leaf):
+    theirs = held.get(path)
+    if (theirs is None or jax.tree_util.keystr(path[:1]) == "['head']"
+        or theirs.shape != leaf.shape):
+      return leaf
+    return jnp.array(theirs, dtype=leaf.dtype, copy=True)
+  return jax.tree_util.tree_map_with_path(take, target)
 
 
 def update_fn(objective, c: ml_collections.ConfigDict, placement: Placement, graphdef,

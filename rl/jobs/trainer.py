@@ -99,16 +99,17 @@ class Trainer:
     self.graphdef, params, self.rest = rl_setup.policy(c, self.placement)
     self.optimizer = rl_setup.make_optimizer(c, c.optim.lr)
     self.state = self._train_state(params)
-    self.critic = None
-    if c.rl.use_critic:
-      self.critic_graphdef, self.critic_rest, self.critic_optimizer, self.critic = (
-          rl_setup.critic(c, self.model_cfg, self.placement))
     self.start_step = self.bad_steps = 0
     self.wall_s_before = 0.0  # wall time of the run's earlier legs (from the checkpoint)
     if c.init_checkpoint:
       params, self.rest = rl_setup.load_init(c.init_checkpoint, self.state.params, self.rest,
                                              self.placement)
       self.state = self._train_state(params)
+    # The critic (config.rl.critic_init) may start from the weights the policy starts from.
+    self.critic = None
+    if c.rl.use_critic:
+      self.critic_graphdef, self.critic_rest, self.critic_optimizer, self.critic = (
+          rl_setup.critic(c, self.model_cfg, self.placement, self.state.params, self.rest))
     # The KL reference is the policy the run starts from (config.init_checkpoint, init_hf_dir
     # or the random init, with its router biases), also after a resume and before any tool
     # warm start. A copy: the update donates (and so invalidates) the state's buffers.
@@ -434,10 +435,14 @@ class Trainer:
         last["heldout_acc"] = self.evaluate()
       self.writer.write(step + 1, last)
       if (step + 1) % c.train.log_every == 0:
-        logging.info("%sstep %d/%d reward %.3f acc %.3f len %.1f tok/s %.0f %s",
+        critic = ("" if "explained_variance" not in last else
+                  f" value_loss {last['critic/value_loss']:.4f} explained_variance "
+                  f"{last['explained_variance']:.3f}" + ("" if "pg_loss" in last else
+                                                         " (value pretraining)"))
+        logging.info("%sstep %d/%d reward %.3f acc %.3f len %.1f tok/s %.0f%s %s",
                      progress.prefix, step + 1, c.train.steps, last["reward"],
                      last["acc"], last["response_len_mean"],
-                     last["tokens_per_s"], progress.suffix(step + 1))
+                     last["tokens_per_s"], critic, progress.suffix(step + 1))
       self.save(step + 1)
       if step + 1 < c.train.steps and preemption.requested():
         self.save(step + 1, force=True)

@@ -262,6 +262,7 @@ PROBES = {
     "init_checkpoint": ("init", "{init_checkpoint}", {}),
     "init_hf_dir": ("init", "{hf_dir}", {"model.rope_interleave": True}),  # as exported
     "model.init_std": ("init", 0.5, {}),
+    "rl.critic_init": ("critic_init", "random", CRITIC),
     "job": ("job", "sft", {}),
 }
 
@@ -648,6 +649,12 @@ def probe_init(c, workdir, res):
   """The Trainer's initial policy parameters."""
   t = _trainer(c, workdir)
   return _digest(*jax.tree.leaves(t.state.params))
+
+
+def probe_critic_init(c, workdir, res):
+  """The Trainer's initial critic parameters."""
+  t = _trainer(c, workdir)
+  return _digest(*jax.tree.leaves(t.critic.params))
 
 
 def probe_job(c, workdir, res):

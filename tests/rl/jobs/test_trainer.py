@@ -182,6 +182,29 @@ def test_three_steps_of_each_recipe(algorithm, demo_run, tmp_path):
     assert all(r["kept_cut_tokens"] >= 0 for r in rows)
 
 
+@pytest.mark.parametrize("critic_init", ["policy", "random"])
+def test_critic_starts_from_the_policys_checkpoint(critic_init, demo_run, tmp_path):
+  """config.rl.critic_init="policy" (VAPO's default): the critic holds the SFT checkpoint's
+  weights in every parameter but its scalar head, and its MoE router biases, as copies (the
+  policy's update donates its buffers); "random": none of the SFT weights."""
+  sft_ckpt = os.path.join(demo_run[0], "sft", "checkpoints")
+  trainer = Trainer(small_config("vapo", init_checkpoint=sft_ckpt, job="rl",
+                                 **{"rl.critic_init": critic_init}), str(tmp_path))
+  policy = dict(jax.tree_util.tree_flatten_with_path(trainer.state.params)[0])
+  critic = jax.tree_util.tree_flatten_with_path(trainer.critic.params)[0]
+  same = {jax.tree_util.keystr(k): np.array_equal(np.asarray(v), np.asarray(policy[k]))
+          for k, v in critic if k in policy and v.shape == policy[k].shape}
+  assert "['head']['kernel'].value" not in same and len(same) == len(critic) - 1
+  biases = [np.array_equal(a, b) for a, b in zip(jax.tree.leaves(trainer.critic_rest),
+                                                  jax.tree.leaves(trainer.rest))]
+  if critic_init == "policy":
+    assert all(same.values()) and all(biases)
+    assert all(v.unsafe_buffer_pointer() != policy[k].unsafe_buffer_pointer()
+               for k, v in critic if k in policy)
+  else:
+    assert not any(same.values())
+
+
 def test_router_biases_move_between_steps_not_within_one(demo_run, tmp_path):
   """With a large aux-loss-free bias rate the MoE router biases move after every RL step, yet
   each step's one update is on-policy (ratio 1, nothing clipped): the rollout and the update of
