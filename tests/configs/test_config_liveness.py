@@ -569,7 +569,7 @@ def probe_run(c, workdir, res, *, skipped=0.0):
   t.checkpointer.wait() if hasattr(t.checkpointer, "wait") else None
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line)["step"] if "step" in line else 1 for line in f]
-  return [len(rows), len(evals), len([m for m in logs if isinstance(m, str) and m.startswith("step")]),
+  return [len(rows), len(evals), len([m for m in logs if isinstance(m, str) and "step %d/%d" in m]),
           sorted(t.checkpointer.manager.all_steps()), error]
 
 
@@ -670,7 +670,7 @@ def probe_job(c, workdir, res):
   saved = [getattr(m, n) for m, n in targets]
   try:
     for m, n in targets:
-      setattr(m, n, lambda config, workdir, _n=f"{m.__name__}.{n}": ran.append(_n))
+      setattr(m, n, lambda config, workdir, _n=f"{m.__name__}.{n}", **_: ran.append(_n))
     launch.jobs.run_job(c, str(workdir))
   finally:
     for (m, n), fn in zip(targets, saved):

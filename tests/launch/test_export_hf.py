@@ -157,7 +157,7 @@ def saved_run(hf_dir: str, workdir: str, step: int = 3) -> ml_collections.Config
   """A run's workdir without training: config.json and an RL checkpoint at `step` holding the
   policy loaded from `hf_dir` (the {"policy": {"params"}, "rest"} of the trainer's state)."""
   config = run_config(hf_dir)
-  save_run_config(workdir, config, resuming=False)
+  save_run_config(workdir, config, step=None)
   graphdef, params, rest = nnx.split(hf.load_pretrained(hf_dir, dtype="float32"), nnx.Param,
                                      ...)
   del graphdef

@@ -39,6 +39,7 @@ def test_trainer_says_it_compiles_the_rollout_update_and_eval_before_each(tmp_pa
   traj = np.ones((4, 4))
   stats = {"gen_batches": 1, "groups_seen": 1, "groups_kept": 1, "filled_groups": 0,
            "t_rollout": 1.0, "t_reward": 0.0, "raw_acc": 0.0, "raw_len_mean": 1.0,
+           "domain_acc": {},
            "curriculum": {}, "source": {}}
 
   def call(name, result):

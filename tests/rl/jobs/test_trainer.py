@@ -27,9 +27,10 @@ def small_config(algorithm="dapo", **overrides) -> ml_collections.ConfigDict:
   c.data.train_size = 48
   c.data.heldout_size = 64
   c.rollout.max_new_tokens = 16
-  c.sft.epochs = 60
+  # The dense warm-up trains only the DSA indexer: its steps do not count towards the LM's.
+  c.sft.epochs = 70
   c.sft.batch_size = 16
-  c.sft.dense_warmup_steps = 40
+  c.sft.dense_warmup_steps = 10
   c.sft.log_every = 1000
   c.train.steps = 3
   c.train.prompts_per_step = 4
