@@ -46,7 +46,7 @@ def test_trainer_says_it_compiles_the_rollout_update_and_eval_before_each(tmp_pa
     return lambda *args: events.append(name) or result
 
   monkeypatch.setattr(t, "collect", call("rollout", (
-      type("Traj", (), {"response_mask": traj, "truncated": traj})(),
+      type("Traj", (), {"response_mask": traj, "truncated": traj, "kept_ids": None})(),
       {"scores": np.zeros(4), "acc": np.zeros(4)}, stats)))
   monkeypatch.setattr(t, "advantages", call("advantages", {}))
   monkeypatch.setattr(t, "build_batch", call("batch", {}))
