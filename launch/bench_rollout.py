@@ -58,13 +58,13 @@ from models.transformer import build, param_counts  # noqa: E402
 from rl.rollout import engine as rollout_lib  # noqa: E402
 from rl.core import sampling
 
-_MODEL = flags.DEFINE_string("model", "tiny_dense", "Model preset (models/config.py).")
-_HF_DIR = flags.DEFINE_string("hf_dir", None, "A Hugging Face model directory (config.json + "
+_MODEL = cli.define(flags.DEFINE_string, "model", "tiny_dense", "Model preset (models/config.py).")
+_HF_DIR = cli.define(flags.DEFINE_string, "hf_dir", None, "A Hugging Face model directory (config.json + "
                               "safetensors) instead of --model: the side-by-side mode.")
 _BATCHES = flags.DEFINE_list("batches", ["8"], "Batch sizes: one run each, same prompts.")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 32, "Prompt tokens per sequence.")
+_PROMPT_LEN = cli.define(flags.DEFINE_integer, "prompt_len", 32, "Prompt tokens per sequence.")
 _RESPONSE_LEN = flags.DEFINE_integer("response_len", 256, "New tokens per sequence.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs (median, after one warm-up run).")
+_REPEATS = cli.define(flags.DEFINE_integer, "repeats", 3, "Timed runs (median, after one warm-up run).")
 _GREEDY = flags.DEFINE_bool("greedy", False, "Greedy decoding (else temperature 1 sampling); "
                             "stop ids are off either way.")
 _NAIVE = flags.DEFINE_bool("naive", True, "Preset mode: also time full-forward-per-token "
@@ -74,8 +74,8 @@ _COMPARE = flags.DEFINE_list("compare", [], "With --hf_dir: other systems on the
 _PEER_PYTHON = flags.DEFINE_string(
     "peer_python", None, "With --compare: run hf and vllm under this Python interpreter (e.g. "
     "vLLM's own virtual environment, which pins its own torch), in a subprocess.")
-_DTYPE = flags.DEFINE_string("dtype", "float32", "With --hf_dir: parameter dtype, every system.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the random prompt ids.")
+_DTYPE = cli.define(flags.DEFINE_string, "dtype", "float32", "With --hf_dir: parameter dtype, every system.")
+_SEED = cli.define(flags.DEFINE_integer, "seed", 0, "Seed of the random prompt ids.")
 
 
 # ------------------------------------------------------------------------------ Measuring

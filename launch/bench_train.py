@@ -31,6 +31,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from launch import cli  # noqa: E402
 from models import flops as flops_lib  # noqa: E402
 from models import sharding as sharding_lib  # noqa: E402
 from models.config import get_config  # noqa: E402
@@ -38,13 +39,13 @@ from models.transformer import param_counts  # noqa: E402
 from rl.core import algorithms  # noqa: E402
 from rl.core import train_step as ts  # noqa: E402
 
-_MODEL = flags.DEFINE_string("model", "tiny_moe_mla_dsa", "Model preset (models/config.py).")
+_MODEL = cli.define(flags.DEFINE_string, "model", "tiny_moe_mla_dsa", "Model preset (models/config.py).")
 _BATCH = flags.DEFINE_integer("batch", 8, "Sequences per mini-batch (one optimiser step).")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 128, "Tokens per sequence (prompt + response).")
 _MICRO = flags.DEFINE_integer("micro_batches", 1, "Gradient-accumulation micro-batches.")
-_MESH = flags.DEFINE_string("mesh", "fsdp:-1", "Mesh axis sizes, e.g. 'fsdp:4,tensor:2'.")
+_MESH = cli.define(flags.DEFINE_string, "mesh", "fsdp:-1", "Mesh axis sizes, e.g. 'fsdp:4,tensor:2'.")
 _ALGORITHM = flags.DEFINE_string("algorithm", "dapo", "RL recipe (rl/core/algorithms.py).")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed steps (after one compile step).")
+_REPEATS = cli.define(flags.DEFINE_integer, "repeats", 5, "Timed steps (after one compile step).")
 _PEAK_DIM = flags.DEFINE_integer("peak_dim", 0, "Square matmul size for the peak (0: auto).")
 _OUTPUT = flags.DEFINE_string("output", "", "Also write the JSON here.")
 

@@ -15,6 +15,17 @@ from rl.config.validation import validate
 from rl.core.checks import InputError
 
 
+def define(definer, name: str, *args, **kwargs):
+  """`definer(name, ...)` (flags.DEFINE_string, config_flags.DEFINE_config_file, ...) for a flag
+  that several launch scripts define, each with its own meaning (--config, --mesh, --seed...).
+  The first definition in a process takes the command line; a later one, from another script
+  imported beside it (tests import helpers of several scripts into one process), goes on a
+  FlagValues of its own, which nothing parses, instead of failing absl's duplicate check."""
+  if name in flags.FLAGS:
+    kwargs["flag_values"] = flags.FlagValues()
+  return definer(name, *args, **kwargs)
+
+
 def no_arguments(argv: list[str]) -> None:
   """Refuses the words absl passes to main after the flags (argv[1:]): no launch script takes
   positional arguments, so one is a mistyped flag, reported rather than ignored."""

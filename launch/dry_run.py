@@ -380,7 +380,11 @@ def verify_plans(config: ml_collections.ConfigDict, plans: list, devices: list,
   rows = []
   for i, p in enumerate(plans[:top], 1):
     c = ml_collections.ConfigDict(config.to_dict())
-    c.mesh.shape = dict(p.mesh)
+    extra = {k: v for k, v in p.mesh.items() if k not in c.mesh.shape and v != 1}
+    if extra:
+      raise ValueError(f"plan {i}: mesh axes {extra} have no config.mesh.shape field")
+    for axis in c.mesh.shape:
+      c.mesh.shape[axis] = p.mesh.get(axis, 1)
     c.mesh.auto = False
     c.model.remat = p.remat
     c.optim.offload_state = p.offload_optimizer

@@ -49,24 +49,24 @@ from rl.jobs import evaluation  # noqa: E402
 from rl.rollout import engine as rollout_lib  # noqa: E402
 from rl.rewards import puzzles, sandbox  # noqa: E402
 
-_HF_DIR = flags.DEFINE_string("hf_dir", None, "HF checkpoint directory to evaluate.")
-_CONFIG = config_flags.DEFINE_config_file(
+_HF_DIR = cli.define(flags.DEFINE_string, "hf_dir", None, "HF checkpoint directory to evaluate.")
+_CONFIG = cli.define(config_flags.DEFINE_config_file,
     "config", None, "Config (configs/*.py[:arg]) that built the --checkpoint's model.",
     lock_config=True)
-_CHECKPOINT = flags.DEFINE_string(
+_CHECKPOINT = cli.define(flags.DEFINE_string,
     "checkpoint", None, "Orbax checkpoint directory of ours (<workdir>/checkpoints, or a "
     "workdir holding one); needs --config.")
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
+_STEP = cli.define(flags.DEFINE_integer, "step", None, "Checkpoint step (default: the latest).")
 _TOKENIZER = flags.DEFINE_string(
     "tokenizer", None, "'byte' or a directory with tokenizer.json (default: --hf_dir, or the "
     "config's tokenizer).")
-_DTYPE = flags.DEFINE_string("dtype", "bfloat16", "Parameter and compute dtype of an HF model.")
+_DTYPE = cli.define(flags.DEFINE_string, "dtype", "bfloat16", "Parameter and compute dtype of an HF model.")
 _DATASETS = flags.DEFINE_list(
     "dataset", None, "Comma-separated datasets, each optionally name:N for its first N "
     f"problems: {', '.join(evaluation.DATASETS)}.")
 _DATA_DIR = flags.DEFINE_string("data_dir", evaluation.DEFAULT_DATA_DIR,
                                 "Directory of the math evaluation jsonl files.")
-_LIMIT = flags.DEFINE_integer("limit", 0, "First N problems of each dataset without its own :N "
+_LIMIT = cli.define(flags.DEFINE_integer, "limit", 0, "First N problems of each dataset without its own :N "
                               "(0: all).")
 _K = flags.DEFINE_integer("k", 1, "Samples per problem.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.6, "Sampling temperature (0: greedy).")
@@ -78,7 +78,7 @@ _TEMPLATE = flags.DEFINE_enum("template", None, ["plain", "chat"], "Prompt templ
                               "the config's data.prompt_template, else plain).")
 _BATCH = flags.DEFINE_integer("batch_size", 16, "Problems per generation call (x k rows).")
 _PROMPT_BUCKET = flags.DEFINE_integer("prompt_bucket", 64, "Prompt width rounding.")
-_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+_SEED = cli.define(flags.DEFINE_integer, "seed", 0, "Sampling seed.")
 _WORKERS = flags.DEFINE_integer("grade_workers", 2, "Math verifier / sandbox workers.")
 _PUZZLE_SIZE = flags.DEFINE_integer("puzzle_size", None, "Puzzles generated (default: the "
                                     "config's data.heldout_size, else 500).")
@@ -90,7 +90,7 @@ _OUT_DIR = flags.DEFINE_string(
     "out_dir", None, "Output directory (default: ./eval/<HF directory name>, or for a "
     "--checkpoint ./eval/<run>_<stage>[_step<N>] from its path, e.g. eval/demo_rl for "
     "workdir/demo/rl/checkpoints).")
-_MESH = flags.DEFINE_string(
+_MESH = cli.define(flags.DEFINE_string,
     "mesh", None, "Mesh the model is loaded onto and sampled on: comma-separated axis=size over "
     "this host's devices (one may be -1: the devices left over), e.g. fsdp=4,tensor=2. "
     "Default: the --config's mesh (config.mesh) for a --checkpoint, one device for an "

@@ -3,7 +3,7 @@ tokenizer files), which transformers, vLLM and SGLang load.
 
   python launch/export_hf.py --checkpoint=workdir/demo/rl/checkpoints --out=/tmp/demo_hf
   python launch/export_hf.py --checkpoint=workdir/qwen_dapo --out=/ckpt/qwen_dapo_200 \
-      --step=200 --dtype=bfloat16 --mesh=fsdp=-1
+      --step=200 --out_dtype=bfloat16 --mesh=fsdp=-1
 
 --checkpoint is a run's orbax checkpoint directory (<workdir>/checkpoints) or its workdir; the
 model is rebuilt from the run's own resolved config (<workdir>/config.json, written by the
@@ -41,14 +41,14 @@ from models import hf  # noqa: E402
 from models import sharding as sharding_lib  # noqa: E402
 from rl.core.checks import InputError  # noqa: E402
 
-_CHECKPOINT = flags.DEFINE_string(
+_CHECKPOINT = cli.define(flags.DEFINE_string,
     "checkpoint", None, "A run's orbax checkpoint directory (<workdir>/checkpoints) or its "
     "workdir.")
-_OUT = flags.DEFINE_string("out", None, "Output directory of the HF checkpoint.")
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
-_DTYPE = flags.DEFINE_string("dtype", None, "dtype of the written tensors: float32, bfloat16 "
+_OUT = cli.define(flags.DEFINE_string, "out", None, "Output directory of the HF checkpoint.")
+_STEP = cli.define(flags.DEFINE_integer, "step", None, "Checkpoint step (default: the latest).")
+_DTYPE = flags.DEFINE_string("out_dtype", None, "dtype of the written tensors: float32, bfloat16 "
                              "or float16 (default: the run's config.model.param_dtype).")
-_MESH = flags.DEFINE_string("mesh", "fsdp=-1", "Mesh the policy is restored onto: "
+_MESH = cli.define(flags.DEFINE_string, "mesh", "fsdp=-1", "Mesh the policy is restored onto: "
                             "comma-separated axis=size over this host's devices (one may be "
                             "-1: the devices left over), e.g. fsdp=4,tensor=2.")
 
@@ -83,7 +83,7 @@ def export(checkpoint: str, out: str, *, step: int | None = None, dtype: str | N
   config = run_config(workdir)
   hf.family_of(model_config(config))  # a model with no HF family fails before the restore
   if dtype is not None and dtype not in hf.SAFETENSORS_DTYPES:
-    raise InputError(f"--dtype={dtype}: one of {', '.join(sorted(hf.SAFETENSORS_DTYPES))}")
+    raise InputError(f"--out_dtype={dtype}: one of {', '.join(sorted(hf.SAFETENSORS_DTYPES))}")
   try:
     mesh = sharding_lib.make_mesh(mesh_shape or {"fsdp": -1})
   except ValueError as e:

@@ -24,8 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+from launch import cli  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:arg]).",
+_CONFIG = cli.define(config_flags.DEFINE_config_file, "config", None, "Config file (configs/*.py[:arg]).",
                                           lock_config=True)
 _DEVICES = flags.DEFINE_integer("devices", 0, "Devices to plan for (0: the local count).")
 _DEVICE_KIND = flags.DEFINE_string("device_kind", "", "tpu_v5p or h100 ('': the local kind).")
@@ -33,10 +34,10 @@ _REMATS = flags.DEFINE_string("remats", "none,dots_no_batch,names,full",
                               "Comma-separated remat policies to try (models/remat.py).")
 _OFFLOAD = flags.DEFINE_enum("offload_optimizer", "no", ["no", "yes", "both"],
                              "Optimiser state on the device, in pinned host memory, or both.")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", None, "Prompt tokens per sequence (default: "
+_PROMPT_LEN = cli.define(flags.DEFINE_integer, "prompt_len", None, "Prompt tokens per sequence (default: "
                                    "as launch/dry_run.py).")
 _TOP = flags.DEFINE_integer("top", 15, "Rows of the ranking to print.")
-_TOPOLOGY = flags.DEFINE_string(
+_TOPOLOGY = cli.define(flags.DEFINE_string,
     "topology", None, "Defer to the compiler: compile the policy update and the rollout of the "
     "best --verify plans for this TPU topology (e.g. v5p:4x4x4; the device count and kind come "
     "from it; needs libtpu, `bash launch/setup.sh --compilers`) and rank them by whether the "

@@ -41,17 +41,17 @@ from ml_collections import config_flags  # noqa: E402
 from launch import cli, logs  # noqa: E402
 from rl.jobs.select_prompts import RULES, sample_and_select  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config that built the checkpoint's "
+_CONFIG = cli.define(config_flags.DEFINE_config_file, "config", None, "Config that built the checkpoint's "
                                           "model and names the prompts (configs/*.py[:arg]).",
                                           lock_config=True)
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Orbax checkpoint directory of ours "
+_CHECKPOINT = cli.define(flags.DEFINE_string, "checkpoint", None, "Orbax checkpoint directory of ours "
                                   "(<workdir>/checkpoints, or a workdir holding one).")
 _RULE = flags.DEFINE_enum("rule", "rejection", RULES, "Selection rule (see above).")
 _N = flags.DEFINE_integer("n", 8, "Samples per prompt.")
-_OUT = flags.DEFINE_string("out", None, "Output jsonl of prompt records.")
-_LIMIT = flags.DEFINE_integer("limit", 0, "First N training prompts only (0: all).")
+_OUT = cli.define(flags.DEFINE_string, "out", None, "Output jsonl of prompt records.")
+_LIMIT = cli.define(flags.DEFINE_integer, "limit", 0, "First N training prompts only (0: all).")
 _BATCH = flags.DEFINE_integer("batch_prompts", 64, "Prompts per rollout call.")
-_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+_SEED = cli.define(flags.DEFINE_integer, "seed", 0, "Sampling seed.")
 _AUDIT_THRESHOLD = flags.DEFINE_float("audit_threshold", 0.8, "--rule=audit: the share of "
                                       "samples the majority answer needs to flag a prompt.")
 

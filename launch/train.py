@@ -41,9 +41,9 @@ from rl.core import storage  # noqa: E402
 from rl.core.checks import InputError  # noqa: E402
 from rl.config.validation import check_paths  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:arg]).",
+_CONFIG = cli.define(config_flags.DEFINE_config_file, "config", None, "Config file (configs/*.py[:arg]).",
                                           lock_config=True)
-_WORKDIR = flags.DEFINE_string(
+_WORKDIR = cli.define(flags.DEFINE_string,
     "workdir", None, "Output directory (checkpoints, metrics). Default: "
     "./workdir/<config file name>[_<variant>] (configs/demo.py:vapo -> workdir/demo_vapo).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print parameter counts and per-device memory of "
@@ -56,7 +56,7 @@ _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
 _PRINT_CONFIG = flags.DEFINE_bool(
     "print_config", False, "Print the resolved config (the file's, with the --config overrides, "
     "validated) as <field>=<value> lines and the run's workdir, then exit.")
-_TOPOLOGY = flags.DEFINE_string(
+_TOPOLOGY = cli.define(flags.DEFINE_string,
     "topology", None, "With --dry_run: compile the policy update ahead of time for this TPU "
     "topology (e.g. v5p:2x2x1, v5e:4x4, v6e:2x2; needs libtpu, `bash launch/setup.sh "
     "--compilers`, and JAX_PLATFORMS=cpu on a host without TPUs) and report XLA:TPU's memory "

@@ -31,9 +31,9 @@ from rl.jobs.checkpoint import GS_PACKAGES  # noqa: E402
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JAX_VERSION = "0.10.2"
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:arg]).",
+_CONFIG = cli.define(config_flags.DEFINE_config_file, "config", None, "Config file (configs/*.py[:arg]).",
                                           lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory of the job (e.g. gs://...).")
+_WORKDIR = cli.define(flags.DEFINE_string, "workdir", None, "Output directory of the job (e.g. gs://...).")
 _ACCELERATOR = flags.DEFINE_string("accelerator", "tpu_v5p=8x8x4",
                                    "XManager resource and count or topology, e.g. "
                                    "tpu_v5p=8x8x4 or a100=8.")

@@ -158,7 +158,7 @@ def test_dry_run_compiles_the_rl_update_for_a_tpu_slice(tpu_topologies):
   from launch import dry_run
   c = ml_collections.ConfigDict(demo.get_config().to_dict())
   c.train.prompts_per_step, c.train.samples_per_prompt = 4, 2
-  c.mesh.shape = {"data": 4}
+  c.mesh.shape.update(data=4, fsdp=1, expert=1, tensor=1)
   r = dry_run.report(c, compile_step=True, prompt_len=16,
                      devices=list(tpu_topologies["v5p:2x2x1"].devices))
   assert r["platform"] == "tpu" and r["devices"] == 4

@@ -408,3 +408,18 @@ def test_render_names_missing_and_unused_variables():
   with pytest.raises(ValueError, match="TYPO is not used"):
     render.render("a: ${A}\nb: $B {C}", {"A": "1", "TYPO": "2"})
   assert render.render("a: ${A}\nb: $B {C}", {"A": "1"}) == "a: 1\nb: $B {C}"
+
+
+def test_every_launch_script_imports_beside_every_other():
+  """Tests import helpers of several launch scripts into one process, and scripts share flag
+  names (--config, --mesh, --seed) with their own meanings: every script imports after every
+  other in one interpreter (cli.define), whichever order pytest's workers happen to take. The
+  old failure: export_hf's --dtype beside bench_rollout's raised DuplicateFlagError."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  names = sorted(f[:-3] for f in os.listdir(os.path.join(root, "launch"))
+                 if f.endswith(".py") and f != "__init__.py")
+  code = ("import importlib, sys\nsys.path.insert(0, %r)\n" % root
+          + "".join(f"importlib.import_module('launch.{n}')\n" for n in names + names[::-1]))
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                     env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+  assert r.returncode == 0, r.stderr[-2000:]
