@@ -3,7 +3,7 @@ recomputing the full forward pass for every new token, and a side-by-side agains
 generation stacks on the same Hugging Face checkpoint.
 
   python launch/bench_rollout.py --model=tiny_dense --batches=8 --prompt_len=32 --response_len=256
-  python launch/bench_rollout.py --model=tiny_qwen3_moe --batches=32 --no_naive
+  python launch/bench_rollout.py --model=tiny_qwen3_moe --batches=32 --nonaive
   python launch/bench_rollout.py --hf_dir=/path/to/Qwen2.5-0.5B --batches=1,8,32 --greedy \
       --prompt_len=64 --response_len=128 --compare=hf,vllm,tunix
 

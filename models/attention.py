@@ -38,7 +38,8 @@ class OutProj(nnx.Module):
     self.out_major = False  # kernel stored [d_model, heads, head_dim]: `kernels_out_in`
 
   def store_out_major(self) -> None:
-    self.kernel.value = stored(jnp.moveaxis(self.kernel[...], -1, 0))
+    w = self.kernel[...]  # [*layers, heads, head_dim, d_model]: a stack of layers leads
+    self.kernel.value = stored(jnp.moveaxis(w, -1, w.ndim - 3))
     self.out_major = True
 
   def __call__(self, x: jax.Array) -> jax.Array:

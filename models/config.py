@@ -135,6 +135,14 @@ class ModelConfig:
     return sum(self.is_moe_layer(i) for i in range(self.n_layers))
 
   @property
+  def layer_stacks(self) -> tuple[tuple[int, int], ...]:
+    """(first layer, layer count) of each run of identical layers, in order: the dense prefix
+    of a MoE model and its MoE layers, or all layers. Each run is one stack of parameters and
+    one scan in models/transformer.py."""
+    k = self.first_k_dense if self.is_moe else 0
+    return tuple((start, count) for start, count in ((0, k), (k, self.n_layers - k)) if count)
+
+  @property
   def softmax_scale(self) -> float:
     """Attention logit scale; MLA with YaRN multiplies in mscale^2 (DeepSeek-V3)."""
     if self.attention == "gqa":

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 from safetensors import safe_open
 
 from models import sharding as sharding_lib
@@ -294,7 +295,40 @@ def param_mapping(cfg: ModelConfig) -> dict[tuple, tuple[list[str], Callable, Ca
                         lambda k: [x.T for x in k])
     if cfg.n_shared_experts:
       mlp(M + ("shared",), f"{hm}.shared_experts")
-  return m
+  return _stack_layer_entries(cfg, m)
+
+
+def _stack_layer_entries(cfg: ModelConfig, m: dict) -> dict:
+  """Folds the per-layer entries ("layers", i, ...) into the model's stacked parameters
+  ("stacks", g, ...) of cfg.layer_stacks: the HF tensors of each of the stack's layers in
+  order; to_ours stacks their per-layer values; to_hf takes the stacked value (or the value
+  of one layer, `layer=j`) to the layers' HF tensors."""
+  out = {key: entry for key, entry in m.items() if key[0] != "layers"}
+  for g, (first, count) in enumerate(cfg.layer_stacks):
+    for key in [k for k in m if k[:2] == ("layers", first)]:
+      entries = [m[("layers", first + j) + key[2:]] for j in range(count)]
+      out[("stacks", g) + key[2:]] = _StackedEntry(entries)
+  return out
+
+
+class _StackedEntry(tuple):
+  """(names, to_ours, to_hf) of a stacked parameter, also indexable per layer (`.layers`)."""
+
+  def __new__(cls, entries):
+    names = [name for names, _, _ in entries for name in names]
+
+    def to_ours(*tensors):
+      values, i = [], 0
+      for names, one, _ in entries:
+        values.append(one(*tensors[i:i + len(names)]))
+        i += len(names)
+      return np.stack(values)
+
+    def to_hf(stacked):
+      return [t for (_, _, one), value in zip(entries, stacked) for t in one(value)]
+    self = super().__new__(cls, (names, to_ours, to_hf))
+    self.layers = entries
+    return self
 
 
 # ---------------------------------------------------------------------------------- Load
@@ -375,19 +409,38 @@ def load_pretrained(path: str, dtype: str = "bfloat16", mesh=None, rules=None,
     key = tuple(path_key)
     if key not in mapping:
       raise CheckpointError(f"no HF tensor maps to parameter {'/'.join(map(str, key))}")
-    names, to_ours, _ = mapping[key]
+    names = mapping[key][0]
     used.update(names)
-    value = to_ours(*[reader.get(n) for n in names])
-    expected = var.get_value().shape
-    if tuple(value.shape) != tuple(expected):
-      raise CheckpointError(f"shape mismatch for {names[0] if len(names) == 1 else names[0] + ' ...'}"
-                            f" in {path}: checkpoint gives {tuple(value.shape)} after mapping, "
-                            f"config.json implies {tuple(expected)}")
-    if shardings is None:
-      array = jnp.asarray(value, dtype=var.get_value().dtype)
-    else:  # straight into its shards (each process places its own devices' slices)
-      array = sharding_lib.put_global(np.asarray(value).astype(var.get_value().dtype),
-                                      shardings[path_key])
+    expected, dtype = tuple(var.get_value().shape), var.get_value().dtype
+    stacked = isinstance(mapping[key], _StackedEntry)  # read one layer at a time
+    parts, per_layer = (mapping[key].layers, expected[1:]) if stacked else ([mapping[key]],
+                                                                              expected)
+    layer_sharding = put = None
+    if shardings is not None:
+      layer_sharding = shardings[path_key]
+      if stacked:
+        put = _LayerWriter(expected, dtype, layer_sharding)
+        layer_sharding = NamedSharding(layer_sharding.mesh,
+                                       PartitionSpec(*layer_sharding.spec[1:]))
+    values = []
+    for j, (part_names, to_ours, _) in enumerate(parts):
+      value = to_ours(*[reader.get(n) for n in part_names])
+      if tuple(value.shape) != per_layer:
+        raise CheckpointError(
+            f"shape mismatch for {part_names[0] + (' ...' if len(part_names) > 1 else '')} "
+            f"in {path}: checkpoint gives {tuple(value.shape)} after mapping, config.json "
+            f"implies {per_layer}")
+      value = np.asarray(value).astype(dtype)
+      if put is not None:  # straight into its shards (each process places its own slices)
+        put(j, sharding_lib.put_global(value, layer_sharding))
+      else:
+        values.append(value)
+    if put is not None:
+      array = put.array
+    elif layer_sharding is not None:
+      array = sharding_lib.put_global(values[0], layer_sharding)
+    else:
+      array = jnp.asarray(np.stack(values) if stacked else values[0])
     var.set_value(array)
   unused = sorted(set(reader.where) - used)
   if unused:
@@ -395,6 +448,19 @@ def load_pretrained(path: str, dtype: str = "bfloat16", mesh=None, rules=None,
                     "config.json describes (dropped): %s", path, len(unused),
                     ", ".join(unused[:20]) + (" ..." if len(unused) > 20 else ""))
   return nnx.merge(graphdef, state)
+
+
+class _LayerWriter:
+  """A stacked array of `sharding` filled one layer at a time (`writer(j, layer)`) in a donated
+  buffer: the devices hold the stack plus one layer, the host one layer."""
+
+  def __init__(self, shape: tuple[int, ...], dtype, sharding):
+    self.array = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)()
+    self._put = jax.jit(lambda a, x, j: jax.lax.dynamic_update_index_in_dim(a, x, j, 0),
+                        donate_argnums=0, out_shardings=sharding)
+
+  def __call__(self, j: int, layer: jax.Array) -> None:
+    self.array = self._put(self.array, layer, j)
 
 
 # ---------------------------------------------------------------------------------- Save
@@ -444,8 +510,8 @@ def save_pretrained(model: Transformer, path: str, *, dtype: str | None = None,
   Tensor by tensor: the layout of every file (names, shapes, offsets) is planned from the
   parameters' shapes alone; then each parameter is brought to the host, converted to `dtype`
   (default: the model's param_dtype) and appended to its file before the next is read. Host
-  memory holds one parameter at a time (the largest: the embedding or one MoE layer's stacked
-  experts), never the whole model. A parameter sharded over several processes is gathered from
+  memory holds one parameter of one layer at a time (the largest: the embedding or one MoE
+  layer's experts), never the whole model. A parameter sharded over several processes is gathered from
   their shards (every process takes part in each gather; process 0 writes the files), so a
   model that fits no single host's memory still exports as long as its largest parameter does.
   """
@@ -458,9 +524,17 @@ def save_pretrained(model: Transformer, path: str, *, dtype: str | None = None,
   hf_cfg["torch_dtype"] = out_dtype
   itemsize = jnp.dtype(out_dtype).itemsize
   mapping = param_mapping(cfg)
-  params = [(var, mapping[tuple(key)]) for key, var in nnx.state(model).flat_state()]
-  tensors = [(name, shape) for var, (names, _, to_hf) in params
-             for name, shape in zip(names, _hf_shapes(to_hf, var.get_value().shape))]
+  # (read the value, its HF names, to_hf, its shape): a stacked parameter one layer at a time.
+  parts = []
+  for key, var in nnx.state(model).flat_state():
+    entry, shape = mapping[tuple(key)], tuple(var.get_value().shape)
+    if isinstance(entry, _StackedEntry):
+      parts += [(lambda var=var, j=j: var.get_value()[j], names, to_hf, shape[1:])
+                for j, (names, _, to_hf) in enumerate(entry.layers)]
+    else:
+      parts.append((var.get_value, entry[0], entry[2], shape))
+  tensors = [(name, shape) for _, names, to_hf, part_shape in parts
+             for name, shape in zip(names, _hf_shapes(to_hf, part_shape))]
   shards = _plan_shards(tensors, itemsize, max_shard_bytes)
   files = (["model.safetensors"] if len(shards) == 1 else
            [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
@@ -470,8 +544,8 @@ def save_pretrained(model: Transformer, path: str, *, dtype: str | None = None,
   ends = np.cumsum([len(s) for s in shards])  # tensors[:ends[i]] are in files[:i + 1]
   shard_index, written, out = -1, 0, None
   try:
-    for var, (_, _, to_hf) in params:
-      value = np.asarray(jax.device_get(to_host(var.get_value())))
+    for read, _, to_hf, _ in parts:
+      value = np.asarray(jax.device_get(to_host(read())))
       for tensor in to_hf(value):
         if not writer:
           continue

@@ -95,13 +95,14 @@ class Dense(nnx.Module):
                  if bias else None)
 
   def store_out_major(self) -> None:
-    self.kernel.value = stored(jnp.moveaxis(self.kernel[...], 0, -1))
+    w = self.kernel[...]  # [*layers, in, *out]: a stack of scanned layers leads
+    self.kernel.value = stored(jnp.moveaxis(w, w.ndim - 1 - len(self.out_shape), -1))
     self.out_major = True
 
   def in_major(self) -> jax.Array:
     """The kernel as [in, *out], whichever way it is stored."""
     w = self.kernel[...]
-    return jnp.moveaxis(w, -1, 0) if self.out_major else w
+    return jnp.moveaxis(w, -1, w.ndim - 1 - len(self.out_shape)) if self.out_major else w
 
   def __call__(self, x: jax.Array, dtype=None) -> jax.Array:
     """x [..., in] -> [..., *out] in `dtype` (default the compute dtype; fp32 for logits)."""

@@ -62,7 +62,8 @@ def activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1
   The layer being differentiated also holds gradients as large as its activations. `remat`
   (default cfg.remat; models/remat.py): every layer keeps its input and what the policy saves
   (`_layer_activation_bytes`), and the layer being differentiated holds about its whole set
-  while its forward is recomputed and differentiated. Offloaded tensors are not counted here
+  while its forward is recomputed and differentiated, beside its slice of the scan's stacked
+  saved tensors. Offloaded tensors are not counted here
   (see `offloaded_activation_bytes_per_token`). Checked against XLA:CPU's compiled peak of
   small dense and MLA models (tests/models/test_planner.py); the CPU's MoE path computes every expert
   densely, so MoE models compile to ~1.5x this there.
@@ -72,9 +73,11 @@ def activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1
             for i in range(cfg.n_layers)]
   vocab = 16 * cfg.vocab_size / tensor
   widest = max(layer["all"] for layer in layers)
-  if remat == "none":
-    return sum(layer["all"] for layer in layers) + widest + vocab
-  return sum(layer["device"] for layer in layers) + widest + vocab
+  kept = "all" if remat == "none" else "device"
+  # The scan over layers (models/transformer.py) differentiates one layer at a time from a
+  # slice of the stacked saved tensors: one more layer's kept set.
+  sliced = max(layer[kept] for layer in layers)
+  return sum(layer[kept] for layer in layers) + widest + sliced + vocab
 
 
 def offloaded_activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1,

@@ -1,9 +1,10 @@
 """Rematerialisation and host offload: how the training step trades device memory for
 recomputation or host transfers.
 
-Activations. Each decoder layer runs under `jax.checkpoint` with the policy `ModelConfig.remat`
-names (`REMAT_POLICIES`): what the backward pass keeps from the forward, the rest being
-recomputed layer by layer.
+Activations. The body of the scan over each stack of decoder layers (models/transformer.py)
+runs under `jax.checkpoint` with the policy `ModelConfig.remat` names (`REMAT_POLICIES`): what
+the backward pass keeps from the forward of each layer, the rest being recomputed layer by
+layer. Under "full" that is the layer's input alone (the scan's carry, [B, T, D] per layer).
 
   none                   keep everything (no checkpoint)
   full                   keep only each layer's input (`nothing_saveable`): one extra forward
@@ -35,7 +36,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
-from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "names", "offload_names",
@@ -89,26 +89,6 @@ def policy(remat: str, remat_names: str = "") -> Callable[..., Any] | None:
         names_which_can_be_saved=[], names_which_can_be_offloaded=names,
         offload_src=DEVICE_MEMORY, offload_dst=HOST_MEMORY)
   return policies.offload_dot_with_no_batch_dims(DEVICE_MEMORY, HOST_MEMORY)
-
-
-def rematerialise(layer_fn: Callable, remat: str, remat_names: str = "") -> Callable:
-  """`layer_fn(layer, *args)` under `jax.checkpoint` with the named policy ("none": as is).
-
-  `layer` is an nnx Module whose forward does not change its variables: its state crosses the
-  checkpoint as arrays (split / merge) and nothing is written back, so non-parameter variables
-  such as the MoE router bias need no trace-level bookkeeping (which `nnx.remat` trips over).
-  """
-  chosen = policy(remat, remat_names)
-  if chosen is None:
-    return layer_fn
-
-  def run(layer, *args):
-    graphdef, state = nnx.split(layer)
-
-    def pure(state, *args):
-      return layer_fn(nnx.merge(graphdef, state), *args)
-    return jax.checkpoint(pure, policy=chosen)(state, *args)
-  return run
 
 
 def tag(x: jax.Array, name: str) -> jax.Array:

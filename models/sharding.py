@@ -1,7 +1,8 @@
 """Meshes and logical-axis sharding.
 
 Model code names logical axes on every parameter (`logical_axes` metadata: "vocab", "embed",
-"heads", "kv_heads", "kv", "mlp", "experts", "q_lora", "kv_lora", "index_heads", "norm");
+"heads", "kv_heads", "kv", "mlp", "experts", "q_lora", "kv_lora", "index_heads", "norm", and "layers",
+the leading axis of a stack of scanned layers);
 activations use "batch" and "length". One rules table maps each logical name to mesh axes. A
 dimension is sharded over a mesh axis only when that axis exists, has size > 1, is not already
 used by another dimension of the same array, and divides the dimension; otherwise it stays
@@ -56,6 +57,7 @@ DEFAULT_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kv_lora", ()),
     ("kv", ()),
     ("norm", ()),
+    ("layers", ()),  # the stacked layers of a scan (models/transformer.py): never sharded
 )
 
 

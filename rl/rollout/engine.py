@@ -171,6 +171,7 @@ def _engine_fn(graphdef, spec: _EngineSpec):
     # An FP8 sampler state (rl/rollout/fp8.py) enters as codes + scales and is dequantised here.
     model = nnx.merge(graphdef, fp8.dequantize_state(state))
     if kernels.platform() == "cpu":  # the blocked decode products (models/layers.py)
+      model.unstack_layers()
       layers.kernels_out_in(model)
     cfg = model.cfg
     n_seqs, prompt_width = context_ids.shape

@@ -172,17 +172,26 @@ def quantize_param(variable: nnx.Variable, *, block_size: int = 0) -> QuantizedW
   head_dim, out] (quantised as [heads * head_dim, out]); axis 0 of every [in, *out] kernel."""
   w = variable.get_value()
   axes = tuple(variable.get_metadata().get("logical_axes") or ())
-  if axes[:1] == ("experts",):
-    return quantize(w, axis=1, block_size=block_size)
-  if axes[:1] == ("heads",):
-    flat = quantize(w.reshape(-1, w.shape[-1]), axis=0, block_size=block_size)
+  lead = _stacked_axes(variable)  # a stack of scanned layers: one scale set per layer
+  if axes[lead:lead + 1] == ("experts",):
+    return quantize(w, axis=lead + 1, block_size=block_size)
+  if axes[lead:lead + 1] == ("heads",):
+    flat = quantize(w.reshape(*w.shape[:lead], -1, w.shape[-1]), axis=lead,
+                    block_size=block_size)
     return dataclasses.replace(flat, weight_shape=tuple(w.shape))
-  return quantize(w, axis=0, block_size=block_size)
+  return quantize(w, axis=lead, block_size=block_size)
+
+
+def _stacked_axes(variable: nnx.Variable) -> int:
+  """How many leading axes of the variable stack layers (models/transformer.py)."""
+  axes = tuple(variable.get_metadata().get("logical_axes") or ())
+  return len(axes) - len(tuple(a for a in axes if a != "layers"))
 
 
 def quantizable(path, variable) -> bool:
   """Whether the sampler holds this state entry in FP8 (module docstring: which and why)."""
-  return (isinstance(variable, nnx.Param) and jnp.ndim(variable.get_value()) >= 2
+  return (isinstance(variable, nnx.Param)
+          and jnp.ndim(variable.get_value()) - _stacked_axes(variable) >= 2
           and not set(_module_names(path)) & set(HIGH_PRECISION_MODULES))
 
 

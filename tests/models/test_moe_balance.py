@@ -59,7 +59,7 @@ def test_bias_step_moves_toward_balance_and_is_not_trained_by_gradients():
   load = jnp.array([[10.0, 0.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0]])  # one MoE layer, mean 5
   new_rest = ts.make_rebalance(graphdef, 0.01)(params, rest, load)
   bias = np.asarray(jax.tree.leaves(new_rest)[0])
-  np.testing.assert_allclose(bias, [-0.01, 0.01, 0, 0, 0, 0, 0, 0], atol=1e-7)
+  np.testing.assert_allclose(bias, [[-0.01, 0.01, 0, 0, 0, 0, 0, 0]], atol=1e-7)  # [layers, E]
 
 
 def small_sft_config(rate: float, coef: float) -> ml_collections.ConfigDict:

@@ -75,7 +75,8 @@ def test_shard_model_init_creates_sharded_parameters():
   for path, var in state.flat_state():
     np.testing.assert_allclose(np.asarray(var.get_value()),
                                np.asarray(reference[path].get_value()), rtol=1e-6, atol=1e-9)
-  assert model.layers[1].mlp.w_gate.get_value().sharding.spec == P("expert", "fsdp", None)
+  w_gate = model.stacks[1].mlp.w_gate.get_value()  # the MoE layers' [layers, E, D, F]
+  assert w_gate.sharding.spec == P(None, "expert", "fsdp", None)
   sharding_lib.check_not_replicated(state, want, min_bytes=32 << 10)
 
 

@@ -64,7 +64,7 @@ def test_restore_onto_a_different_mesh(tmp_path):
   for (path, var), (_, sharding) in zip(restored["train"]["params"].flat_state(),
                                         want_params.flat_state()):
     assert var.get_value().sharding.is_equivalent_to(sharding, var.get_value().ndim), path
-  q = restored["train"]["params"]["layers"][0]["attn"]["q_proj"]["kernel"].get_value()
+  q = restored["train"]["params"]["stacks"][0]["attn"]["q_proj"]["kernel"].get_value()
   assert q.sharding.mesh == load_mesh and "tensor" in q.sharding.spec
 
 

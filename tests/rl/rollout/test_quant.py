@@ -69,7 +69,7 @@ def test_error_compensated_range_beats_absmax_on_heavy_tails():
 
 def test_quantize_state_selection_and_bytes():
   """On the demo's MoE + MLA + DSA model: attention projections, dense / shared MLPs and the
-  routed experts (scales per expert, along their input axis) are FP8, the output projection
+  routed experts (scales per layer and expert, along their input axis) are FP8, the output projection
   with scales over heads x head_dim; the embedding, LM head, router, indexer, norms and
   router bias are the same arrays; each FP8 weight takes < 30% of its fp32 bytes (the state,
   with its fp32 embedding and head, < 50%); dequantising a state with nothing quantised is
@@ -85,7 +85,8 @@ def test_quantize_state_selection_and_bytes():
     if isinstance(leaf, fp8.QuantizedWeight):
       quantized.add(name)
       expert = "w_gate" in name or "w_up" in name or "w_down" in name
-      assert leaf.axis == (1 if expert and "shared" not in name else 0), name
+      # Every weight leads with its stack's "layers" axis: contraction axes count from 1.
+      assert leaf.axis == (2 if expert and "shared" not in name else 1), name
       assert leaf.weight_shape == originals[name].shape, name
       assert leaf.nbytes < 0.3 * originals[name].nbytes, name
     else:
