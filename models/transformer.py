@@ -98,10 +98,10 @@ class Transformer(nnx.Module):
         if isinstance(stack, nnx.List):
           return stack[i - start]
         graphdef, state = nnx.split(stack)
-        def one(v):
+        def one(v, j=i - start):
           axes = v.get_metadata().get("logical_axes")
           updates = {} if axes is None else {"logical_axes": tuple(axes[1:])}
-          return v.replace(value=v.get_value()[i - start], **updates)
+          return v.replace(value=v.get_value()[j], **updates)
         return nnx.merge(graphdef, jax.tree.map(one, state,
                                                 is_leaf=lambda x: isinstance(x, nnx.Variable)))
     raise IndexError(f"layer {i}: the model has {self.cfg.n_layers} layers")
