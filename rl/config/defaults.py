@@ -125,8 +125,8 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
       # Unnamed domains: "rule" for math, code and puzzles; records of any other domain fail at
       # start.
       graders="",
-      # The pairwise GenRM / the Bradley-Terry RM: a workdir of a reward-model job
-      # (config.job "genrm" / "bt_rm": config.json + checkpoints/) or a local HF checkpoint.
+      # The pairwise GenRM / the Bradley-Terry RM (LM / scalar head): a workdir of ours holding
+      # the run config (config.json) and {"params", "rest"} checkpoints, or a local HF checkpoint.
       genrm_dir="",
       bt_dir="",
       hybrid_rm="genrm",  # the reward model of "hybrid": "genrm" or "bt"

@@ -2,9 +2,9 @@
 once at start from their checkpoints, and the registry (rl/rewards/rm_graders.build_graders)
 that the trainer's ResponseGrader and prompt selection score with.
 
-A reward model's directory is either the workdir of one of our reward-model jobs
-(rl/jobs/preference_job.py: its config.json names the model and tokenizer, checkpoints/ holds
-the parameters) or a local Hugging Face checkpoint (config.json + safetensors + tokenizer). A
+A reward model's directory is either a workdir of ours (its config.json, a run config, names the
+model and tokenizer; checkpoints/ holds {"params", "rest"} as SFT saves them) or a local Hugging
+Face checkpoint (config.json + safetensors + tokenizer). A
 checkpoint whose parameters do not fit the model its config describes, or a model with the
 wrong head (a GenRM needs the LM head, a BT RM the scalar one), fails at start on one line
 naming the field.
