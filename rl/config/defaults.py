@@ -115,6 +115,27 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
       # checkpoint: a resumed run starts with an empty one.
       streaming=dict(enabled=False, on_policy_fraction=0.5, max_staleness=1, round_tokens=64),
   ))
+  # How responses are scored (rl/rewards/manager.py registry, rl/rewards/rm_graders.py; reward
+  # models loaded by rl/jobs/reward_models.py) and shaped (rl/jobs/batch.py).
+  c.reward = ml_collections.ConfigDict(dict(
+      # Per data domain ("math", "code", "logic", "general", "puzzle"), comma-separated
+      # "domain=grader": "rule" (the verifier), "rule_judge" (math verifier, GenRM judge only
+      # where the rules cannot settle), "genrm" (pairwise GenRM P(YES) against the record's
+      # reference), "bt" (Bradley-Terry score against it), "hybrid" (rule mixed with an RM).
+      # Unnamed domains: "rule" for math, code and puzzles; records of any other domain fail at
+      # start.
+      graders="",
+      # The pairwise GenRM / the Bradley-Terry RM (LM / scalar head): a workdir of ours holding
+      # the run config (config.json) and {"params", "rest"} checkpoints, or a local HF checkpoint.
+      genrm_dir="",
+      bt_dir="",
+      hybrid_rm="genrm",  # the reward model of "hybrid": "genrm" or "bt"
+      hybrid_weight=0.5,  # hybrid score = (1 - w) * rule + w * RM, w in [0, 1]
+      # DeepSeek-V3.2 shaping, added to every row's score: -coef * length / max_new_tokens, and
+      # coef * the share of the response's letters in the prompt's script (0: off).
+      length_penalty=0.0,
+      language_reward=0.0,
+  ))
   # The update rule (rl/core: advantages, losses, train_step; rl/core/algorithms.py checks it).
   c.rl = ml_collections.ConfigDict(algorithms.recipe(algorithm))
   # The RL optimiser, policy and critic (rl/jobs/trainer.py).

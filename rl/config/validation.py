@@ -29,6 +29,7 @@ from rl.core import algorithms
 from rl.core.sampling import kept_ids_width
 from rl.data import entries, sources
 from rl.parallel import placement
+from rl.rewards import rm_graders
 from rl.rollout import fp8
 from rl.rollout.streaming import StreamingConfig
 from rl.tool_use import environments
@@ -51,6 +52,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check_rollout(c)
     fp8.check_sampler_weights(c.rollout)
     _check_rl(c)
+    _check_reward(c)
     _check_optim(c)
     _check_sft(c)
     _check_train(c)
@@ -97,6 +99,10 @@ def check_paths(c: ml_collections.ConfigDict) -> None:
   if c.data.source == "files":
     for field in ("train_files", "heldout_files"):
       sources.check_files(c.data[field], f"data.{field}")
+  for field in ("genrm_dir", "bt_dir"):
+    if c.reward[field] and not os.path.isfile(os.path.join(c.reward[field], "config.json")):
+      raise InputError(f"config.reward.{field}={c.reward[field]!r}: no config.json there (not a "
+                       "reward-model job's workdir nor an HF checkpoint directory)")
 
 
 def _check_run(c: ml_collections.ConfigDict) -> None:
@@ -161,6 +167,23 @@ def _check_rl(c: ml_collections.ConfigDict) -> None:
           "rollout records each token's kept set as ids (rl/core/sampling.py), and top-p alone "
           "does not bound it; set config.rollout.max_kept_ids (the nucleus cut to that many "
           "ids, cuts counted) or top_k (kept set = top-p ∩ top-k) or top_p=1") from None
+
+
+def _check_reward(c: ml_collections.ConfigDict) -> None:
+  """config.reward (rl/rewards/rm_graders.py, rl/jobs/reward_models.py, rl/jobs/batch.py)."""
+  r = c.reward
+  spec = rm_graders.parse_graders(r.graders)
+  allowed("reward.hybrid_rm", r.hybrid_rm, rm_graders.HYBRID_RMS)
+  if not 0.0 <= r.hybrid_weight <= 1.0:
+    raise ValueError(f"config.reward.hybrid_weight={r.hybrid_weight}: must be in [0, 1]")
+  for name in sorted(rm_graders.rms_needed(spec, r.hybrid_rm)):
+    if not r[f"{name}_dir"]:
+      raise ValueError(f"config.reward.graders={r.graders!r} scores with the {name} reward "
+                       f"model: set config.reward.{name}_dir")
+  non_negative(r, "reward", "length_penalty", "language_reward")
+  if r.language_reward and c.tools.enabled:
+    raise ValueError("config.reward.language_reward scores single-turn responses: not with "
+                     "config.tools.enabled")
 
 
 def _check_optim(c: ml_collections.ConfigDict) -> None:

@@ -8,7 +8,7 @@ from absl import logging
 
 from rl.core.checks import InputError, allowed, positive
 from rl.data import curriculum, sources, templates
-from rl.rewards import manager, puzzles
+from rl.rewards import puzzles, rm_graders
 
 # Prompts over the context logged one by one; the rest only appear in the count.
 MAX_LOGGED_LONG_PROMPTS = 10
@@ -38,8 +38,8 @@ def load_entries(c: ml_collections.ConfigDict,
                                                   skip_bad=c.data.skip_bad_records)
     logging.info("prompt records: %d train (%d skipped), %d held-out (%d skipped)",
                  stats.loaded, stats.skipped, heldout_stats.loaded, heldout_stats.skipped)
-    for e in train + heldout:
-      manager.kind_of(e)  # an ungradable record fails here, not mid-run
+    # A record of a domain no grader scores fails here, not mid-run.
+    rm_graders.check_record_domains(train + heldout, c.reward.graders)
     train_where, heldout_where = stats.locations, heldout_stats.locations
   else:
     train = puzzles.make(c.data.task, size=c.data.train_size, seed=c.seed,

@@ -15,26 +15,30 @@ import numpy as np
 from rl.core import algorithms
 from rl.data.curriculum import domain_of
 from rl.rewards import manager
-from rl.rewards.shaping import overlong_penalty
+from rl.data.templates import prompt_of
+from rl.rewards.shaping import language_consistency, length_penalty, overlong_penalty
 
 
 # ======================================================================== Reward
 
 class ResponseGrader:
-  """Grades single-turn responses: decoded, then scored by the reward manager
-  (rl/rewards/manager.py: model output is never evaluated in this process). Tool-use episodes
-  have their own grader (rl/tool_use/episodes.ToolEpisodes: score, metrics)."""
+  """The `Grader` (rl/rollout/sources.py) of single-turn responses: decoded, then scored by
+  the run's registry of record graders (rl/rewards/manager.py, built from config.reward by
+  rl/jobs/reward_models.py; model output is never evaluated in this process). Tool-use episodes
+  are the other Grader (rl/tool_use/episodes.ToolEpisodes)."""
 
-  def __init__(self, tokenizer):
+  def __init__(self, tokenizer, graders: Mapping[str, manager.RecordGrader] = manager.RULES):
     self.tokenizer = tokenizer
+    self.graders = graders
 
   def score(self, traj, entries: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-    """Per row: acc and reward (the same 0/1 verdict)."""
+    """Per row: acc and reward (the same score: a verifier's 0/1, an RM's probability) and the
+    response text (for the shaping terms)."""
     tokens = np.asarray(traj.tokens)
     resp_mask = np.asarray(traj.response_mask).astype(bool)
     responses = [self.tokenizer.decode(tokens[n][resp_mask[n]]) for n in range(len(tokens))]
-    acc = manager.score_responses(entries, responses)
-    return {"acc": acc, "reward": acc}
+    acc = manager.score_responses(entries, responses, graders=self.graders)
+    return {"acc": acc, "reward": acc, "response": np.array(responses, dtype=object)}
 
   def metrics(self, scored: Mapping[str, np.ndarray]) -> dict[str, float]:
     return {}
@@ -51,17 +55,29 @@ def accuracy_by_domain(entries: Sequence[Mapping[str, Any]], acc: np.ndarray
 def score_trajectories(traj, entries, grader, cfg: ml_collections.ConfigDict
                        ) -> dict[str, np.ndarray]:
   """Grades the rows (`grader`: ResponseGrader or ToolEpisodes) and shapes the reward: DAPO's
-  +-1, the overlong penalty, each row's KL weight. The grader's other per-row fields (a tool
+  +-1, the overlong penalty, DeepSeek-V3.2's length penalty and language-consistency reward
+  (config.reward), each row's KL weight. The grader's other per-row fields (a tool
   episode's turns, tool calls and errors) stay in the result."""
   lengths = np.asarray(traj.response_mask).astype(bool).sum(-1)
   graded = dict(grader.score(traj, entries))
   acc, reward = graded.pop("acc"), graded.pop("reward")
+  responses = graded.pop("response", None)
   rl = cfg.rl
   scores = 2.0 * reward - 1.0 if rl.reward_mode == "dapo" else reward.copy()
   if rl.overlong_buffer:
     scores = scores + np.asarray(overlong_penalty(
         jnp.asarray(lengths), max_len=cfg.rollout.max_new_tokens, buffer=rl.overlong_buffer,
         factor=rl.overlong_factor))
+  if cfg.reward.length_penalty:
+    scores = scores + np.asarray(length_penalty(
+        jnp.asarray(lengths), max_len=cfg.rollout.max_new_tokens,
+        coef=cfg.reward.length_penalty))
+  if cfg.reward.language_reward:
+    if responses is None:
+      raise ValueError("config.reward.language_reward scores single-turn responses; the tool "
+                       "episodes' grader gives none")
+    scores = scores + cfg.reward.language_reward * np.array(
+        [language_consistency(prompt_of(e), r) for e, r in zip(entries, responses)], np.float32)
   return {"acc": acc, "scores": scores.astype(np.float32), "lengths": lengths,
           "kl_coef": kl_coefs(entries, rl), **graded}
 

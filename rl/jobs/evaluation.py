@@ -32,9 +32,7 @@ from rl.rollout import engine as rollout_lib
 from rl.rollout import trajectories
 from rl.data import EVAL_DIR, templates
 from rl.rewards import code as code_reward
-from rl.rewards import extract
-from rl.rewards import math as math_reward
-from rl.rewards import math_answer, puzzles
+from rl.rewards import manager, puzzles
 
 MATH_FILES = {"gsm8k": "gsm8k_test.jsonl", "math500": "math500_test.jsonl",
               "aime24": "aime24_test.jsonl", "aime25": "aime25_test.jsonl",
@@ -46,9 +44,6 @@ DEFAULT_DATA_DIR = EVAL_DIR
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 CODE_INSTRUCTION = ("Complete the following Python function. Reply with the whole function in "
                     "one ```python code block.")
-# Where a plain completion of a HumanEval prompt leaves the function body (the Codex paper's stop
-# sequences): what follows is the model writing on, not part of the solution.
-CODE_STOP_SEQUENCES = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
 
 
 # ======================================================================== Metrics
@@ -117,12 +112,21 @@ class Problem:
   question: str
   gold: Any
 
+  def record(self, template: str = "chat") -> dict:
+    """The record the grading registry (rl/rewards/manager.py) grades this problem as, the
+    trainer's grading of the same record: math by its answer, a puzzle by its entry, code by
+    its tests (under the plain template the response continues the function)."""
+    if self.kind == "math":
+      return {"prompt": self.question, "answer": self.gold, "domain": "math"}
+    if self.kind == "code":
+      return {"prompt": self.question, "domain": "code", "code_problem": self.gold,
+              "completion": template == "plain"}
+    return self.gold
+
   @property
   def gold_answer(self) -> str | None:
     """The gold final answer as text (None for code, which has tests instead)."""
-    if self.kind == "math":
-      return self.gold
-    return self.gold["answer"] if self.kind == "puzzle" else None
+    return manager.gold_answer(self.record())
 
 
 def dataset_kind(name: str) -> str:
@@ -241,6 +245,7 @@ def load_policy_checkpoint(config, directory: str, step: int | None = None, mesh
     else:
       raise ValueError(f"{directory} step {step} holds {sorted(saved)}: neither an SFT "
                        "{'params'} nor an RL {'policy', 'rest'} state")
+    _check_shapes(saved, target, directory, step)
     abstract = _placed(target, mesh)
     restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
         item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
@@ -254,6 +259,34 @@ def load_policy_checkpoint(config, directory: str, step: int | None = None, mesh
   if mesh is not None:  # an older SFT state's rest was built above, on the default device
     rest = jax.device_put(rest, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
   return nnx.merge(graphdef, params, rest), step
+
+
+def _check_shapes(saved, target: dict, directory: str, step: int) -> None:
+  """A checkpoint of another model fails here, on one line naming the first parameter whose
+  saved shape differs from the config's model (orbax's own error is a page of tensorstore)."""
+  from flax import nnx
+
+  def shapes(tree) -> dict[str, tuple]:
+    flat = jax.tree_util.tree_flatten_with_path(
+        tree, is_leaf=lambda x: isinstance(x, nnx.Variable) or hasattr(x, "shape"))[0]
+    out = {}
+    for path, leaf in flat:
+      value = leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
+      if hasattr(value, "shape"):
+        names = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+                 for k in path]
+        out["/".join(names[:-1] if names[-1] == "value" else names)] = tuple(value.shape)
+    return out
+  ours = shapes({k: v for k, v in target.items() if k != "rest"})
+  theirs = shapes({k: saved[k] for k in target if k != "rest" and k in saved})
+  for name, shape in ours.items():
+    if name in theirs and theirs[name] != shape:
+      raise ValueError(f"{directory} step {step} holds another model: parameter {name} has "
+                       f"shape {theirs[name]} there, {shape} in the config's model "
+                       "(config.model)")
+    if name not in theirs:
+      raise ValueError(f"{directory} step {step} holds another model: no parameter {name} "
+                       "(config.model)")
 
 
 def _placed(target: dict, mesh) -> dict:
@@ -307,50 +340,21 @@ def encode_prompts(problems: Sequence[Problem], tokenizer, template: str) -> lis
 
 # ======================================================================== Grading
 
-def extract_code(response: str, template: str) -> str:
-  """The program text to append to the HumanEval prompt.
-
-  Chat: the first fenced code block (the whole response when there is none). Plain: the
-  completion up to the first line that leaves the function body (CODE_STOP_SEQUENCES).
-  """
-  if template == "chat":
-    return "\n" + extract.program_text(response)
-  cut = min((i for i in (response.find(s) for s in CODE_STOP_SEQUENCES) if i >= 0),
-            default=len(response))
-  return response[:cut]
-
-
 def vote_key(problem: Problem, response: str) -> str | None:
   """The normalised answer a sample votes for in maj@n (None: no answer; code: no votes)."""
-  if problem.kind == "math":
-    answer = extract.math_answer(response)
-    return None if answer is None else math_answer.normalize_answer(answer)
-  if problem.kind == "puzzle":
-    answer = " ".join(extract.puzzle_answer(response).split())
-    return answer or None
-  return None
+  return manager.vote_key(problem.record(), response)
 
 
 def grade(problems: Sequence[Problem], responses: Sequence[str], *, template: str,
           workers: int = 2) -> list[float]:
-  """1.0 / 0.0 per (problem, response) pair: math through the verifier (worker processes with
-  timeouts), code through the sandbox (all tests must pass), puzzles through their verifiers."""
+  """1.0 / 0.0 per (problem, response) pair by the grading registry the trainer uses
+  (rl/rewards/manager.py): math through the verifier (worker processes with timeouts), code
+  through the sandbox (all tests must pass), puzzles through their verifiers."""
   if len(problems) != len(responses):
     raise ValueError(f"{len(responses)} responses for {len(problems)} problems")
-  kinds = {p.kind for p in problems}
-  if len(kinds) > 1:
-    raise ValueError(f"grade takes one kind of problem at a time, got {sorted(kinds)}")
-  kind = kinds.pop() if kinds else "math"
-  if kind == "math":
-    scores, _ = math_reward.score_batch(responses, [p.gold for p in problems],
-                                        num_workers=workers,
-                                        questions=[p.question for p in problems])
-    return [float(s) for s in scores]
-  if kind == "code":
-    results = code_reward.grade_batch([extract_code(r, template) for r in responses],
-                                      [p.gold for p in problems], workers=workers)
-    return [float(r.all_passed) for r in results]
-  return [puzzles.score(p.gold, r) for p, r in zip(problems, responses)]
+  scores = manager.score_responses([p.record(template) for p in problems], responses,
+                                   workers=workers)
+  return [float(s) for s in scores]
 
 
 # ======================================================================== Sampling + grading

@@ -18,6 +18,7 @@ from models.transformer import Transformer
 from rl.core import train_step as ts
 from rl.core.policy import build_policy
 from rl.data.entries import encode_prompts, load_entries
+from rl.jobs import reward_models
 from rl.jobs.batch import ResponseGrader
 from rl.jobs.checkpoint import Checkpointer
 from rl.parallel.placement import Placement
@@ -34,12 +35,14 @@ from rl.tool_use.episodes import ToolEpisodes
 def data(c: ml_collections.ConfigDict, tokenizer, episodes: ToolEpisodes | None):
   """(train entries, held-out entries, encode, grader). Tool-use episodes bring their
   environments' tasks, chat prompts and grader (verifier + judge); otherwise config.data's
-  entries, its prompt template and the reward manager (rl/jobs/batch.ResponseGrader)."""
+  entries, its prompt template and the grading registry config.reward builds
+  (rl/jobs/reward_models.py, rl/jobs/batch.ResponseGrader)."""
   if episodes is not None:
     return (*episodes.entries(), episodes.encode, episodes)
   encode = functools.partial(encode_prompts, tokenizer=tokenizer,
                              template=c.data.prompt_template)
-  return (*load_entries(c, tokenizer), encode, ResponseGrader(tokenizer))
+  return (*load_entries(c, tokenizer), encode,
+          ResponseGrader(tokenizer, reward_models.graders_from_config(c)))
 
 
 # ======================================================================== Model and optimiser

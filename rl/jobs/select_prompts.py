@@ -29,7 +29,7 @@ from flax import nnx
 
 from models.tokenizer import load_tokenizer
 from rl.config.validation import check_paths, validate
-from rl.jobs import evaluation
+from rl.jobs import evaluation, reward_models
 from rl.rollout import engine as rollout_lib
 from rl.rollout import trajectories
 from rl.data import selection
@@ -158,8 +158,8 @@ def sample_and_select(config: ml_collections.ConfigDict, checkpoint: str, *, rul
                       out_path: str, limit: int = 0, batch_prompts: int = 64, seed: int = 0,
                       **rule_options) -> tuple[dict[str, int], Outcomes]:
   """`select_prompts` on the config's training prompts (the first `limit`, 0: all), sampled
-  with config.rollout from an orbax checkpoint of ours (SFT or RL) and graded by
-  rl/rewards/manager.py."""
+  with config.rollout from an orbax checkpoint of ours (SFT or RL) and graded by the run's
+  registry (config.reward: rl/jobs/reward_models.py), as the trainer grades them."""
   check_rule(rule)
   validate(config)
   check_paths(config)
@@ -192,5 +192,10 @@ def sample_and_select(config: ml_collections.ConfigDict, checkpoint: str, *, rul
 
   logging.info("prompt selection (%s): %d prompts x %d samples from %s (step %d)", rule,
                len(records), n, checkpoint, step)
-  return select_prompts(records, generate_fn, manager.score_responses, rule=rule, n=n,
+  graders = reward_models.graders_from_config(config)
+
+  def verify_fn(flat_records, flat_responses):
+    return manager.score_responses(flat_records, flat_responses, graders=graders)
+
+  return select_prompts(records, generate_fn, verify_fn, rule=rule, n=n,
                         out_path=out_path, batch_size=batch_prompts, **rule_options)

@@ -14,8 +14,9 @@ Answer tokens. The YES / NO ids are the first tokens of `tokenizer.encode("YES")
 vocabularies these are the no-leading-space tokens a model writes there; for `ByteTokenizer`
 they are the single bytes "Y" and "N".
 
-Math judge (Seed-Verifier style). `make_math_judge(rm)` asks the same judge whether an answer is
-equivalent to the reference and returns P(YES); `rl/rewards/math.py` takes it as `judge=`.
+Math judge (Seed-Verifier style). `make_math_judge(rm)` asks the same judge whether answers are
+equivalent to their references and returns P(YES) of each; `rl/rewards/math.py` takes it as
+`judge=`.
 
 Bradley-Terry RM. A scalar-head model (`build(preset, head="scalar")`) reads prompt + response;
 the reward is its value at the last real token.
@@ -225,12 +226,16 @@ class GenerativeRM:
     return float(self.score_pairs([question], [response_a], [response_b], [reference])[0])
 
 
-def make_math_judge(rm: GenerativeRM) -> Callable[[str, str, str], float]:
-  """A Seed-Verifier-style judge: (question, reference, answer) -> P(YES) that `answer` is
-  equivalent to `reference` (prompt: `equivalence_prompt`)."""
+def make_math_judge(rm: GenerativeRM) -> Callable[[Sequence[str], Sequence[str], Sequence[str]],
+                                                   np.ndarray]:
+  """A Seed-Verifier-style judge for rl/rewards/math.py: (questions, references, answers) ->
+  P(YES) that each answer is equivalent to its reference (prompt: `equivalence_prompt`), all in
+  one batched forward."""
 
-  def judge(question: str, reference: str, answer: str) -> float:
-    return float(rm.p_yes([equivalence_prompt(question, reference, answer)])[0])
+  def judge(questions: Sequence[str], references: Sequence[str],
+            answers: Sequence[str]) -> np.ndarray:
+    return rm.p_yes([equivalence_prompt(q, r, a)
+                     for q, r, a in zip(questions, references, answers)])
 
   return judge
 

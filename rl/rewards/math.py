@@ -19,9 +19,10 @@ about a second of the caller's CPU, whatever its text. The caller never parses m
 with sympy: the process's `VerifierPool` (started on first use, grown to `num_workers`, stopped
 by `shutdown` or at exit) does.
 
-Judge. Where the rules cannot settle (either side failed to parse), `judge(question, gold,
-answer) -> [0, 1]` decides if given, else the answer scores wrong. `rl/rewards/genrm.py`
-provides a Seed-Verifier-style judge built on our own models: `make_math_judge(rm)`. A judge
+Judge. Where the rules cannot settle (either side failed to parse), `judge(questions, golds,
+answers) -> [0, 1] each` decides if given, else the answer scores wrong. It is called once per
+batch with every unsettled answer, so a model judge runs one batched forward.
+`rl/rewards/genrm.py` provides a Seed-Verifier-style judge built on our own models: `make_math_judge(rm)`. A judge
 score is a probability, returned as the reward unchanged (clipped to [0, 1]).
 
 Modes. "verify": 1.0 right, 0.0 wrong. "dapo": DAPO's strict rule, +1 when the text after the
@@ -52,7 +53,7 @@ MAX_ANSWER_CHARS = 1000
 # per million characters on one core, and math-verify runs under its own deadline.
 MAX_RESPONSE_CHARS = 1 << 20
 
-Judge = Callable[[str, str, str], float]
+Judge = Callable[[Sequence[str], Sequence[str], Sequence[str]], Sequence[float]]
 
 # ---------------------------------------------------------------------- Shared worker pool
 
@@ -164,7 +165,8 @@ def score_batch(responses: Sequence[str], golds: Sequence[str], *, mode: str = "
     mode: "verify" (1.0 / 0.0, or the judge's probability) or "dapo" (+1 / -1).
     timeout_s: hard wall-clock limit per math-verify call; an overrun scores wrong.
     num_workers: worker processes (the shared pool grows to this size and stays).
-    judge: callable(question, gold, answer) -> [0, 1], used only when a side fails to parse.
+    judge: callable(questions, golds, answers) -> [0, 1] each, called once with the answers
+      where a side fails to parse, and only then.
     questions: the problems, passed to the judge (empty strings when omitted).
   """
   if len(responses) != len(golds):
@@ -200,6 +202,7 @@ def score_batch(responses: Sequence[str], golds: Sequence[str], *, mode: str = "
       continue
     to_verify.setdefault((gold_normalized, answer_normalized), []).append(index)
 
+  to_judge: list[int] = []
   if to_verify:
     pairs = list(to_verify)
     with _pool_lock:
@@ -211,14 +214,18 @@ def score_batch(responses: Sequence[str], golds: Sequence[str], *, mode: str = "
           scores[index] = 1.0
         elif verdict == math_verifier.UNPARSED and judge is not None:
           counts.judged += 1
-          question = questions[index] if questions is not None else ""
-          scores[index] = min(1.0, max(0.0, float(judge(question, golds[index], answers[index]))))
+          to_judge.append(index)
         else:
           counts.verified_wrong += verdict == math_verifier.WRONG
           counts.guarded += verdict == math_verifier.GUARDED
           counts.unparsed += verdict == math_verifier.UNPARSED
           counts.timeouts += verdict == math_verifier.TIMEOUT
           counts.errors += verdict == math_verifier.ERROR
+  if to_judge:
+    judged = judge([questions[i] if questions is not None else "" for i in to_judge],
+                   [golds[i] for i in to_judge], [answers[i] for i in to_judge])
+    for index, value in zip(to_judge, judged):
+      scores[index] = min(1.0, max(0.0, float(value)))
   _add_to_totals(counts)
   return scores, counts
 

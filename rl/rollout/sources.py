@@ -16,6 +16,8 @@ and gets back the `Trajectories`, the entry each row answers (rows are grouped b
   EpisodeSource     multi-turn tool-use episodes (rl/tool_use/episodes.py, it lives there: it
                     runs tools), graded later by their environment's verifier.
 
+Each source's rows are then scored by a `Grader` (below), the other interface the trainer holds.
+
 O1-Coder self-play (rl/o1_coder/selfplay.py) is a job with its own loop: its MCTS search builds
 step-value trees for the process reward model, not trajectories for this trainer's update.
 """
@@ -51,6 +53,20 @@ class RolloutSource(Protocol):
 
   def close(self) -> None:
     """Releases what the source holds (threads, pools) at the end of the run."""
+
+
+class Grader(Protocol):
+  """What the trainer grades a generation batch with (rl/jobs/batch.py score_trajectories):
+  rl/jobs/batch.ResponseGrader (single-turn responses, by the record graders of
+  rl/rewards/manager.py, the registry evaluation grades with too) or
+  rl/tool_use/episodes.ToolEpisodes (the environments' verifiers and judge)."""
+
+  def score(self, traj: Trajectories, entries: Sequence[Any]) -> dict[str, np.ndarray]:
+    """Per row: acc (the verdict, in [0, 1]), reward (what the update optimises before
+    shaping, in [0, 1]) and the grader's own per-row fields."""
+
+  def metrics(self, scored: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """The grader's metrics of one scored batch."""
 
 
 class EngineSource:

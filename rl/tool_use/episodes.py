@@ -27,7 +27,8 @@ def environment_names(c: ml_collections.ConfigDict) -> list[str]:
 
 class ToolEpisodes:
   """The tool-use episodes of one run: their tasks, prompts, thread pool, multi-turn rollout,
-  grading (verifier + judge) and warm start."""
+  grading (verifier + judge; it is the run's `Grader`, rl/rollout/sources.py) and warm
+  start."""
 
   def __init__(self, c: ml_collections.ConfigDict, tokenizer):
     t = c.tools

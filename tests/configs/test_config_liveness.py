@@ -216,6 +216,16 @@ PROBES = {
     "rl.lam": ("advantages", 0.5, GAE),
     "rl.lam_critic": ("advantages", 0.5, GAE),
     "rl.length_adaptive_alpha": ("advantages", 0.5, GAE),
+    "reward.graders": ("score", "puzzle=hybrid", {"reward.genrm_dir": "{genrm}"}),
+    "reward.genrm_dir": ("score", "{genrm2}", {"reward.graders": "puzzle=genrm",
+                                               "reward.genrm_dir": "{genrm}"}),
+    "reward.bt_dir": ("score", "{bt2}", {"reward.graders": "puzzle=bt", "reward.bt_dir": "{bt}"}),
+    "reward.hybrid_rm": ("score", "bt", {"reward.graders": "puzzle=hybrid",
+                                         "reward.genrm_dir": "{genrm}", "reward.bt_dir": "{bt}"}),
+    "reward.hybrid_weight": ("score", 0.25, {"reward.graders": "puzzle=hybrid",
+                                             "reward.genrm_dir": "{genrm}"}),
+    "reward.length_penalty": ("score", 0.5, {}),
+    "reward.language_reward": ("score", 0.5, {}),
     "rl.overlong_filter": ("batch", True, {}),
     "rl.dynamic_sampling": ("collect", False, {}),
     "rl.max_num_gen_batches": ("collect", 1, {}),
@@ -341,6 +351,17 @@ def resources(tmp_path_factory):
   out["init_checkpoint"] = str(root / "init")
   hf.save_pretrained(policy, str(root / "hf"), dtype="float32")
   out["hf_dir"] = str(root / "hf")
+  # Reward-model job workdirs (config.json + checkpoints/) of two seeds per head.
+  from rl.jobs.checkpoint import save_run_config
+  for name, head in (("genrm", "lm"), ("bt", "scalar")):
+    for seed, suffix in ((2, ""), (3, "2")):
+      c = config_for({"seed": seed, "model.head": head}, out)
+      _, params, rest = nnx.split(build_policy(c), nnx.Param, ...)
+      ckpt = Checkpointer(root / f"{name}{suffix}" / "checkpoints")
+      ckpt.save(0, {"params": params, "rest": rest}, {"step": 0}, force=True)
+      ckpt.close()
+      save_run_config(root / f"{name}{suffix}", c, step=None)
+      out[f"{name}{suffix}"] = str(root / f"{name}{suffix}")
   return out
 
 
@@ -465,11 +486,12 @@ def probe_prompts(c, workdir, res):
 
 
 def probe_score(c, workdir, res):
-  """score_trajectories on fixed right / wrong responses: scores and per-row KL weights."""
-  from rl.jobs.batch import ResponseGrader, score_trajectories
+  """score_trajectories with the Trainer's grader (config.reward's registry) on fixed right /
+  wrong responses: scores and per-row KL weights."""
+  from rl.jobs.batch import score_trajectories
   t = _trainer(c, workdir)
   traj, entries = _fake_traj(t)
-  r = score_trajectories(traj, entries, ResponseGrader(t.tokenizer), c)
+  r = score_trajectories(traj, entries, t.grader, c)
   return [r["scores"].tolist(), r["kl_coef"].tolist()]
 
 

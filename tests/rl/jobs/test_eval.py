@@ -16,7 +16,8 @@ from flax import nnx
 
 from models.padding import round_up
 from rl.jobs import evaluation
-from rl.rewards import sandbox
+from rl.rewards import code as code_reward
+from rl.rewards import manager, sandbox
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 HAS_DATA = os.path.isdir(evaluation.DEFAULT_DATA_DIR)
@@ -115,12 +116,14 @@ def test_vote_keys_grades_and_code_extraction():
   puzzle = evaluation.load_problems("arithmetic", puzzle_size=3, limit=1)[0]
   assert evaluation.grade([puzzle] * 2, [f"Answer: {puzzle.gold_answer}", "Answer: x"],
                           template="plain") == [1.0, 0.0]
-  code = evaluation.Problem(id="h", kind="code", question="def f():\n", gold=None)
+  gold = code_reward.CodeProblem(tests=(code_reward.AssertTest("assert f()"),),
+                                 prefix="def f():\n")
+  code = evaluation.Problem(id="h", kind="code", question="def f():\n", gold=gold)
   assert evaluation.vote_key(code, "return 1") is None
   completion = "  return 1\n\ndef helper():\n  pass\nprint(f())"
-  assert evaluation.extract_code(completion, "plain") == "  return 1\n"
+  assert manager.program_of(code.record("plain"), completion) == "  return 1\n"
   chat = "Sure:\n```python\ndef f():\n  return 2\n```\nDone."
-  assert evaluation.extract_code(chat, "chat") == "\ndef f():\n  return 2\n"
+  assert manager.program_of(code.record("chat"), chat) == "\ndef f():\n  return 2\n"
 
 
 @needs_data

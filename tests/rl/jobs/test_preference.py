@@ -102,7 +102,7 @@ def test_untrained_judge_scores_are_consistent_across_batching():
   assert forward == pytest.approx(1 - rm.score_pair("q", "XYZ", "abc"), abs=1e-12)
   judge = genrm.make_math_judge(rm)
   expected = rm.p_yes([genrm.equivalence_prompt("1+1?", "2", "two")])[0]
-  assert judge("1+1?", "2", "two") == pytest.approx(float(expected))
+  assert judge(["1+1?"], ["2"], ["two"])[0] == pytest.approx(float(expected))
   with pytest.raises(ValueError, match="head='scalar'"):
     genrm.BradleyTerryRM(build("tiny_dense", seed=3), TOKENIZER)
 

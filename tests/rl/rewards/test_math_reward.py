@@ -304,13 +304,13 @@ def test_dapo_mode_is_strict_string_match():
 
 
 def test_judge_is_called_only_when_rules_cannot_settle():
-  """The judge decides (its value clipped to [0, 1] is the reward) only for unparsable answers;
-  exact matches and math-verify verdicts never reach it."""
+  """The judge decides (its value clipped to [0, 1] is the reward) only for unparsable answers,
+  all of a batch in one call; exact matches and math-verify verdicts never reach it."""
   calls = []
 
-  def judge(question, reference, answer):
-    calls.append((question, reference, answer))
-    return 0.75
+  def judge(questions, references, answers):
+    calls.extend(zip(questions, references, answers))
+    return [0.75] * len(answers)
 
   responses = ["Answer: \\frac{1}{2", "\\boxed{\\frac{1}{2}}", "\\boxed{0.5}", "\\boxed{3}"]
   golds = ["\\frac{1}{2}"] * 4
@@ -320,8 +320,8 @@ def test_judge_is_called_only_when_rules_cannot_settle():
   assert calls == [("What is one half?", "\\frac{1}{2}", "\\frac{1}{2")]
   assert counts.judged == 1 and counts.unparsed == 0
   truncated = "Answer: \\frac{1}{2"
-  assert math_reward.score(truncated, "\\frac{1}{2}", judge=lambda *_: 3.0) == 1.0  # clipped
-  assert math_reward.is_correct(truncated, "\\frac{1}{2}", judge=lambda *_: 0.2) is False
+  assert math_reward.score(truncated, "\\frac{1}{2}", judge=lambda q, r, a: [3.0] * len(a)) == 1.0  # clipped
+  assert math_reward.is_correct(truncated, "\\frac{1}{2}", judge=lambda q, r, a: [0.2] * len(a)) is False
 
 
 def test_no_answer_scores_wrong():

@@ -37,12 +37,16 @@ def test_training_and_evaluation_read_the_same_program():
   """One extractor: a code response is the same program to the training reward and to the
   evaluation, fenced with a tag, or cut at the length cap before its closing fence."""
   from rl.jobs import evaluation
+  from rl.rewards import code as code_reward
   record = {"prompt": "Double the input.", "domain": "code",
             "tests": [{"input": "3\n", "output": "6\n"}]}
+  humaneval = evaluation.Problem(id="h", kind="code", question="def f():\n", gold=(
+      code_reward.CodeProblem(tests=(code_reward.AssertTest("pass"),), prefix="def f():\n")))
   program = "print(int(input()) * 2)\n"
   for response in [f"```python\n{program}```", f"Here:\n``` py\n{program}",
                    f"```\n{program}```\nDone.", program]:
-    assert evaluation.extract_code(response, "chat") == "\n" + program, response
+    assert manager.program_of(humaneval.record("chat"), response) == "\n" + program, response
+    assert manager.program_of(record, response) == program, response
     assert manager.score_responses([record], [response])[0] == 1.0, response
 
 
