@@ -29,6 +29,7 @@ from jax.sharding import AbstractMesh, AxisType, NamedSharding, PartitionSpec
 
 from launch import aot
 from models import cache as cache_lib
+from models import flops as flops_lib
 from models import memory
 from models import planner
 from models import sharding as sharding_lib
@@ -228,6 +229,10 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
       activation_bytes_per_device=per_token * tokens_per_device,
       batch_bytes_per_device=memory.tree_bytes(batch, batch_shardings) * config.train.micro_batches,
       kv_cache_bytes_per_sequence=cache_lib.cache_bytes(cfg, 1, length),
+      # The model's training FLOPs of one micro-batch (6 x active parameters per token plus
+      # attention, models/flops.py), split evenly over the devices.
+      model_flops_per_device=(flops_lib.train_flops(cfg, [length] * rows)["total"]
+                              / math.prod(dict(mesh.shape).values())),
       max_seq_len=cfg.max_seq_len)
   out["static_bytes_per_device"] = (param_bytes
                                     + (0 if offload_state else out["optimizer_bytes_per_device"])
@@ -287,9 +292,16 @@ def _compiled_lines(label: str, what: str, c: dict[str, float], r: dict[str, Any
       f"{'':<11} {c['flops'] / 1e12:.3g} TFLOP and {c['bytes_accessed'] / 1e9:.3g} GB accessed "
       f"per device {per} (cost analysis: XLA counts a loop body once), compiled in "
       f"{c['compile_seconds']:.1f} s"]
+  model = r.get("model_flops_per_device") if trips else None
+  if model:
+    # The scan over layers is a loop: its body (one layer) counts once in the compiled FLOPs.
+    lines.append(f"{'':<11} model {model / 1e12:.3g} TFLOP per device for one micro-batch (6 x "
+                 f"active parameters + attention); compiled / model = {c['flops'] / model:.2f}")
   if device is not None and trips and (c["flops"] or c["bytes_accessed"]):
-    lines.append(f"{'':<11} roofline ~{trips * aot.roofline_seconds(c, device):.3g} s per "
-                 f"optimiser step on {device.name} ({trips} x the above; compiled, not run)")
+    cost = dict(c, flops=max(c["flops"], model or 0))
+    lines.append(f"{'':<11} roofline ~{trips * aot.roofline_seconds(cost, device):.3g} s per "
+                 f"optimiser step on {device.name} ({trips} x the larger FLOPs and the "
+                 "compiled bytes; compiled, not run)")
   return lines
 
 

@@ -170,6 +170,28 @@ def test_dry_run_compiles_the_rl_update_for_a_tpu_slice(tpu_topologies):
   assert any("roofline" in line and "compiled, not run" in line for line in text)
 
 
+def test_moe_recipe_at_reduced_depth_compiles_for_its_slice():
+  """`configs/qwen3_moe_dapo.py` at 2 of its 48 layers (both one scanned stack), compiled by
+  XLA:TPU for the recipe's slice, v5p:2x2x4 (16 chips, fsdp 2 x expert 8) through the dry run:
+  the update fits a v5p chip, the report gives the model's FLOPs beside the compiled ones
+  (a scan's body counts once), and the rollout compiles. The full-depth figures are in
+  docs/performance.md (48 layers: 84.3 GiB update, 59.9 GiB rollout)."""
+  _need("libtpu", "libtpu (the XLA:TPU compiler)")
+  import ml_collections
+  from configs import qwen3_moe_dapo
+  from jax.experimental import topologies
+  from launch import dry_run
+  c = ml_collections.ConfigDict(qwen3_moe_dapo.get_config().to_dict())
+  c.model.n_layers = 2
+  devices = list(topologies.get_topology_desc(platform="tpu", topology_name="v5p:2x2x4").devices)
+  r = dry_run.report(c, compile_step=True, devices=devices)
+  assert r["devices"] == 16 and r["platform"] == "tpu"
+  assert 0 < r["compiled"]["peak"] <= 95 * 2**30
+  assert r["compiled_rollout"]["peak"] > 0
+  text = dry_run.format_report(r)
+  assert any("compiled / model" in line for line in text)
+
+
 def test_planner_defers_to_the_compiler_on_a_tpu_slice(tpu_topologies):
   """`launch/plan.py --topology=v5p:2x2x1`: the planner's best plans for the demo compiled for
   the slice, each with the compiler's update and rollout peaks and the planner/compiler ratio;
