@@ -1,17 +1,19 @@
 """DeepSeek-V3.2's GRPO on a DeepSeek-V3.2-shaped MoE (MLA + DSA) across a TPU v5p slice.
 
-  python launch/train.py --config=configs/deepseek_v32_moe_tpu.py --dry_run   # any machine
+  python launch/train.py --config=configs/deepseek_v32_moe_tpu.py --dry_run --topology=v5p:8x8x8
+  python launch/train.py --config=configs/deepseek_v32_moe_tpu.py:small --dry_run \
+      --topology=v5p:4x4x2
   python launch/gke/render.py launch/gke/jobset_tpu.yaml NAME=v32-grpo IMAGE=<image> \
-      WORKDIR=gs://<bucket>/v32-grpo TPU_ACCELERATOR=tpu-v5p-slice TPU_TOPOLOGY=8x8x4 HOSTS=64 \
+      WORKDIR=gs://<bucket>/v32-grpo TPU_ACCELERATOR=tpu-v5p-slice TPU_TOPOLOGY=8x8x8 HOSTS=128 \
       CHIPS_PER_HOST=4 MAX_RESTARTS=3 DATA_PVC=<claim> \
       -- --config=configs/deepseek_v32_moe_tpu.py \
       --config.data.train_files='/data/rl_prompts/*.parquet' | kubectl apply -f -
   ... same with TPU_TOPOLOGY=4x4x2 HOSTS=8 -- --config=configs/deepseek_v32_moe_tpu.py:small ...
 
-Default: the deepseek-v3.2-671b preset (671B parameters, 37B active) on a v5p-512 slice
-(256 chips, 64 hosts): 8-way expert parallelism (32 of the 256 routed experts per group, tokens
-exchanged by all-to-all), 8-way FSDP and 4-way tensor parallelism over heads, MLP and
-vocabulary. It starts from the released weights dequantised to bfloat16 (the FP8 release stores
+Default: the deepseek-v3.2-671b preset (671B parameters, 37B active) on a v5p-1024 slice
+(512 chips, 128 hosts): 8-way expert parallelism (32 of the 256 routed experts per group, tokens
+exchanged by all-to-all, each pair's buffer bounded by a capacity factor of 1.25), 16-way FSDP
+and 4-way tensor parallelism over heads, MLP and vocabulary. It starts from the released weights dequantised to bfloat16 (the FP8 release stores
 128x128-block scales that models/hf.py does not read).
 
 `:small`: the same architecture scaled down (5.1B parameters, 1.1B active: 12 layers, 64
@@ -28,8 +30,9 @@ policy, partials at most one version old) and the grpo_v32 recipe: unbiased KL (
 off-policy sequence masking, keep-routing and keep-sampling-mask (rollouts sample with
 top_p 0.95 within top_k 256, so the kept sets matter).
 
-Memory: run the dry run first. Without activation rematerialisation the full model's policy
-update keeps far more activations per chip than a v5p's 95 GiB of HBM at these sequence lengths.
+Memory (compiled, not run; docs/performance.md): all 61 layers, remat "full" (each layer's
+input kept, one layer recomputed at a time in the scan's backward), the update takes 81.8 GiB
+per v5p chip on 512 chips; on 256 chips 111 GiB (dropless: 126 GiB of temporaries alone).
 The full model keeps the checkpoint's bfloat16 parameters, and AdamW runs on float32 master
 weights kept in the optimiser state (`optim.master_weights`): in bfloat16 alone an Adam step of
 lr 1e-6 is below half an ulp of a typical weight and rounds away. `:small` trains float32
@@ -63,7 +66,10 @@ def get_config(arg: str = ""):
   else:
     c.init_hf_dir = "/models/DeepSeek-V3.2-Exp-bf16"
     c.tokenizer = c.init_hf_dir
-    c.mesh.shape.update(data=1, fsdp=8, expert=8, tensor=4)
+    c.mesh.shape.update(data=1, fsdp=16, expert=8, tensor=4)
+    # All 61 layers need both to fit a v5p chip (module docstring).
+    c.model.remat = "full"
+    c.model.moe_capacity_factor = 1.25
   c.kernel_backend = "tpu"
 
   c.data.source = "files"
@@ -100,7 +106,7 @@ def get_config(arg: str = ""):
   c.train.samples_per_prompt = 16
   c.train.mini_batches = 16  # 512 sequences per optimiser step
   # One sequence per batch shard (data x fsdp x expert) per micro-batch.
-  c.train.micro_batches = 32 if small else 8
+  c.train.micro_batches = 32 if small else 4
   c.train.eval_every = 50
   c.train.checkpoint_every = 50
   return c.lock()

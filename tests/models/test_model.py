@@ -288,3 +288,39 @@ def test_cache_write_drops_past_the_end():
   new = jnp.array([[1.0, 2.0], [11.0, 12.0]])[:, :, None]
   out = cache_lib.write(buf, new, jnp.array([1, 3]))
   np.testing.assert_array_equal(np.asarray(out)[..., 0], [[0, 1, 2, 0], [0, 0, 0, 11]])
+
+
+@pytest.mark.parametrize("name,remat", [("tiny_moe_mla_dsa", "none"), ("tiny_qwen3_moe", "full"),
+                                        ("tiny_dense", "names")])
+def test_scanned_stacks_equal_the_layers_run_one_by_one(name, remat):
+  """Training's scan over each stack of layers (a MoE model's dense prefix and MoE layers; remat
+  inside its body) gives the logits, routing and parameter gradients of the same layers run one
+  by one (`unstack_layers`, the CPU rollout's layout); `layer(i)` is layer i of that stack."""
+  names = "attn_in,mlp_out" if remat == "names" else ""
+  model = build(name, seed=2, n_layers=3, remat=remat, remat_names=names)
+  unstacked = build(name, seed=2, n_layers=3, remat=remat, remat_names=names)
+  unstacked.unstack_layers()
+  tokens = random_tokens(7, (2, 11))
+
+  def run(m):
+    graphdef, params, rest = nnx.split(m, nnx.Param, ...)
+    def loss(params):
+      out = nnx.merge(graphdef, params, rest).forward(tokens)
+      return jnp.mean(jax.nn.log_softmax(out.logits)[..., 3]), out
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    return out, grads
+  out, grads = run(model)
+  out1, grads1 = run(unstacked)
+  np.testing.assert_allclose(out.logits, out1.logits, atol=1e-5, rtol=1e-5)
+  if model.cfg.is_moe:
+    np.testing.assert_array_equal(out.routing, out1.routing)
+  for i in range(model.cfg.n_layers):
+    g, (first, _) = next((g, s) for g, s in enumerate(model.cfg.layer_stacks)
+                         if s[0] <= i < s[0] + s[1])
+    for a, b in zip(jax.tree.leaves(nnx.state(model.layer(i))),
+                    jax.tree.leaves(nnx.state(unstacked.stacks[g][i - first])), strict=True):
+      np.testing.assert_array_equal(a, b)
+    stacked = jax.tree.map(lambda a, j=i - first: a[j], grads["stacks"][g])
+    for a, b in zip(jax.tree.leaves(stacked), jax.tree.leaves(grads1["stacks"][g][i - first]),
+                    strict=True):
+      np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
