@@ -184,7 +184,9 @@ def test_moe_recipe_at_reduced_depth_compiles_for_its_slice():
   c = ml_collections.ConfigDict(qwen3_moe_dapo.get_config().to_dict())
   c.model.n_layers = 2
   devices = list(topologies.get_topology_desc(platform="tpu", topology_name="v5p:2x2x4").devices)
-  r = dry_run.report(c, compile_step=True, devices=devices)
+  # conftest's "highest" matmul precision makes Mosaic refuse the bf16 grouped matmul.
+  with jax.default_matmul_precision("default"):
+    r = dry_run.report(c, compile_step=True, devices=devices)
   assert r["devices"] == 16 and r["platform"] == "tpu"
   assert 0 < r["compiled"]["peak"] <= 95 * 2**30
   assert r["compiled_rollout"]["peak"] > 0

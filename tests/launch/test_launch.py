@@ -47,7 +47,7 @@ def test_tpu_recipe_dry_run_sizes(v32_report):
   assert r["params_active"] < r["params_total"] / 10
   assert r["param_bytes_total"] == 2 * r["params_total"]
   ideal = r["param_bytes_total"] / 512
-  assert ideal <= r["param_bytes_per_device"] < 1.8 * ideal
+  assert ideal <= r["param_bytes_per_device"] < 2.2 * ideal  # the non-expert rest: 64-way
   assert 2 * 2**30 < r["param_bytes_per_device"] < 5 * 2**30
   # AdamW on float32 master weights: the master copy and both moments in float32, 6x the
   # bf16 parameters' bytes.
@@ -168,7 +168,7 @@ def test_train_dry_run_flag_prints_the_report():
       capture_output=True, text=True, timeout=120,
       env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
   assert out.returncode == 0, out.stderr[-2000:]
-  assert "params" in out.stdout and "/device" in out.stdout and "256 devices" in out.stdout
+  assert "params" in out.stdout and "/device" in out.stdout and "512 devices" in out.stdout
   assert not os.path.exists("/tmp/seedrl_dry_run_never_created")
 
 
