@@ -178,52 +178,42 @@ class Transformer(nnx.Module):
     chosen = remat_lib.policy(cfg.remat, cfg.remat_names) if cache is None else None
     new_layers, all_ids, all_stats, aux_out = [], [], [], []
     moe_index = 0
+    def run_layer(layer, x, layer_cache, expert_ids):
+      return layer(kernels.constrain_rows(x), positions, mask, layer_cache=layer_cache,
+                   start=start, expert_ids=expert_ids, token_mask=token_mask,
+                   kernel_backend=kernel_backend, moe_dispatch=moe_dispatch,
+                   indexer_stage=indexer_stage, segment_ids=segment_ids)
     for (first, count), stack in zip(cfg.layer_stacks, self.stacks, strict=True):
-      if isinstance(stack, nnx.List):  # unstacked (`unstack_layers`): one layer at a time
-        for layer in stack:
-          x, layer_cache, ids, stats, aux = layer(
-              kernels.constrain_rows(x), positions, mask,
-              layer_cache=None if cache is None else cache["layers"][len(new_layers)],
-              start=start, expert_ids=None if routing is None or not layer.is_moe else
-              routing[:, :, moe_index], token_mask=token_mask, kernel_backend=kernel_backend,
-              moe_dispatch=moe_dispatch, indexer_stage=indexer_stage, segment_ids=segment_ids)
-          new_layers.append(layer_cache)
-          if layer.is_moe:
-            moe_index += 1
-            all_ids.append(ids[None])
-            all_stats.append(jax.tree.map(lambda a: a[None], stats))
-          aux_out.append(jax.tree.map(lambda a: a[None], aux))
-        continue
-      graphdef, state = nnx.split(stack)
-      xs = {"state": state}
-      if routing is not None and stack.is_moe:
-        xs["expert_ids"] = jnp.moveaxis(routing[:, :, moe_index:moe_index + count], 2, 0)
+      is_moe = cfg.is_moe_layer(first)
+      expert_ids = (None if routing is None or not is_moe else
+                    jnp.moveaxis(routing[:, :, moe_index:moe_index + count], 2, 0))
+      if cache is None and not isinstance(stack, nnx.List):
+        # Training and scoring: one scan over the stack, remat per layer (models/remat.py).
+        graphdef, state = nnx.split(stack)
 
-      def body(x, xs, graphdef=graphdef):
-        layer = nnx.merge(graphdef, xs["state"])
-        x, layer_cache, ids, stats, aux = layer(
-            kernels.constrain_rows(x), positions, mask, layer_cache=xs.get("cache"),
-            start=start, expert_ids=xs.get("expert_ids"), token_mask=token_mask,
-            kernel_backend=kernel_backend, moe_dispatch=moe_dispatch,
-            indexer_stage=indexer_stage, segment_ids=segment_ids)
-        return x, (layer_cache, ids, stats, aux)
-      if cache is None:  # training and scoring: one scan, remat per layer (models/remat.py)
+        def body(x, xs, graphdef=graphdef):
+          x, _, ids, stats, aux = run_layer(nnx.merge(graphdef, xs["state"]), x, None,
+                                            xs.get("expert_ids"))
+          return x, (ids, stats, aux)
         if chosen is not None:
           body = jax.checkpoint(body, policy=chosen, prevent_cse=False)
-        x, (_, ids, stats, aux) = jax.lax.scan(body, x, xs)
+        xs = {"state": state} if expert_ids is None else {"state": state,
+                                                          "expert_ids": expert_ids}
+        x, (ids, stats, aux) = jax.lax.scan(body, x, xs)
       else:
-        # With a KV cache (prefill, decode): layer by layer over static slices of the stack,
+        # With a KV cache (prefill, decode), or unstacked (`unstack_layers`): layer by layer,
         # each layer's cache updated in place. Under a scan the per-layer caches would pass
         # through its stacked outputs, a copy of the whole cache per step (decode measured
         # 2.1x slower on CPU: 440 against 932 tok/s, the model of `unstack_layers`).
         outs = []
         for j in range(count):
-          layer_xs = jax.tree.map(lambda a, j=j: a[j], xs)
-          x, out = body(x, {**layer_xs, "cache": cache["layers"][first + j]})
-          new_layers.append(out[0])
-          outs.append(out[1:])
+          x, layer_cache, *out = run_layer(
+              self.layer(first + j), x, None if cache is None else cache["layers"][first + j],
+              None if expert_ids is None else expert_ids[j])
+          new_layers.append(layer_cache)
+          outs.append(out)
         ids, stats, aux = jax.tree.map(lambda *a: jnp.stack(a), *outs)
-      if stack.is_moe:
+      if is_moe:
         moe_index += count
         all_ids.append(ids)  # [count, B, T, k]
         all_stats.append(stats)
