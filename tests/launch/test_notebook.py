@@ -3,13 +3,16 @@ every code cell in order, in one namespace, in a fresh interpreter started in th
 folder (tests/launch/notebook_runner.py, a kernel without Jupyter), in its QUICK form (two SFT
 and two RL steps: SEEDRL_NOTEBOOK_QUICK=1) and with the project installed already
 (SEEDRL_INSTALLED=1: the install cell only finds the checkout). One device, as on Colab. The
-runner's own handling of what a kernel adds is checked on a constructed notebook."""
+runner's own handling of what a kernel adds is checked on a constructed notebook. The install
+cell, which the QUICK run skips, is run on its own with the shell commands recorded."""
 
 import json
 import os
 import re
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 NOTEBOOK = os.path.join(ROOT, "launch", "colab_small_models.ipynb")
@@ -70,3 +73,51 @@ def test_runner_shares_one_namespace_runs_shell_lines_and_stops_at_a_raising_cel
   assert proc.returncode == 1 and report["cells_run"] == 0
   proc, report = run_notebook(notebook("%matplotlib inline"), tmp_path)
   assert proc.returncode == 1 and "magic '%matplotlib' is not supported" in proc.stderr
+
+
+def run_install_cell(tmp_path, monkeypatch, repo_url=None):
+  """The shell commands (argument lists) of the notebook's first code cell, run in an empty
+  folder (no checkout around it, as on Colab) with SEEDRL_INSTALLED unset; `repo_url` replaces
+  the REPO_URL the notebook ships with. A `git clone` makes its target folder and nothing runs."""
+  with open(NOTEBOOK) as f:
+    cells = [c for c in json.load(f)["cells"] if c["cell_type"] == "code"]
+  source = "".join(cells[0]["source"])
+  if repo_url is not None:
+    source = re.sub(r"^REPO_URL = .*$", f"REPO_URL = {repo_url!r}", source, flags=re.M)
+  commands = []
+
+  def record(args, **kwargs):
+    commands.append(list(args))
+    if args[:2] == ["git", "clone"]:
+      os.makedirs(args[-1])
+    return subprocess.CompletedProcess(args, 0)
+
+  colab = tmp_path / "colab"
+  colab.mkdir(parents=True)
+  monkeypatch.chdir(colab)
+  monkeypatch.delenv("SEEDRL_INSTALLED", raising=False)
+  monkeypatch.setattr(subprocess, "run", record)
+  monkeypatch.setattr(sys, "path", list(sys.path))
+  exec(compile(source, "install cell", "exec"), {})
+  return commands
+
+
+def test_install_cell_clones_only_a_given_url_and_pins_every_install(tmp_path, monkeypatch):
+  """Without a checkout, the install cell as shipped stops on one line asking for REPO_URL and
+  runs nothing (no clone of a guessed URL); given a REPO_URL it clones exactly that, then
+  installs the requirements at the versions requirements.lock pins (as launch/setup.sh does)
+  and the project without its dependencies: no install is left unpinned."""
+  with pytest.raises(RuntimeError, match=r"set REPO_URL") as stopped:
+    run_install_cell(tmp_path / "as_shipped", monkeypatch)
+  assert "\n" not in str(stopped.value)
+  url = "https://example.com/fork/seedrl.git"
+  commands = run_install_cell(tmp_path / "given", monkeypatch, repo_url=url)
+  assert commands[0] == ["git", "clone", "--depth=1", url, "seedrl"], commands
+  pips = [c[c.index("pip") + 1:] for c in commands if "pip" in c]
+  assert pips and len(pips) == len(commands) - 1, commands
+  for args in pips:
+    assert args[0] == "install", args
+    pinned = "-c" in args and args[args.index("-c") + 1] == "requirements.lock"
+    assert pinned or "--no-deps" in args, args
+  assert any("-r" in args and args[args.index("-r") + 1] == "requirements.txt" for args in pips)
+  assert os.path.exists(os.path.join(ROOT, "requirements.lock"))
