@@ -278,6 +278,34 @@ def test_print_config_prints_the_resolved_config_and_exits(tmp_path):
   assert not (tmp_path / "workdir").exists()
 
 
+def test_a_gs_workdir_without_credentials_stops_at_start_on_one_line(tmp_path):
+  """A gs:// --workdir where Google's client libraries find no credentials (google.auth stubbed
+  to find none, as on a laptop that never ran `gcloud auth`; gcsfs and google-cloud-storage
+  stubbed as installed) stops at start, exit status 2, on one `error:` line naming the workdir
+  and how to get credentials: no traceback, and the storage is never asked (the stub gcsfs
+  holds no filesystem, so any use of it would raise)."""
+  site = tmp_path / "site"
+  for package in ("google/auth", "google/cloud/storage", "gcsfs"):
+    (site / package).mkdir(parents=True)
+    (site / package / "__init__.py").write_text("")
+  (site / "google" / "auth" / "__init__.py").write_text(
+      "class DefaultCredentialsError(Exception):\n  pass\n\n\n"
+      "def default(*args, **kwargs):\n"
+      "  raise DefaultCredentialsError('Your default credentials were not found.')\n")
+  path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+  out = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "launch", "train.py"),
+       f"--config={os.path.join(ROOT, 'configs', 'demo.py')}", "--workdir=gs://bucket/run"],
+      capture_output=True, text=True, timeout=300, cwd=tmp_path,
+      env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu", PYTHONPATH=path))
+  errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+  assert out.returncode == 2 and len(errors) == 1, out.stderr[-3000:]
+  assert errors[0].startswith("error: --workdir=gs://bucket/run: no usable Google Cloud "
+                              "credentials"), errors
+  assert "gcloud auth application-default login" in errors[0]
+  assert "Traceback" not in out.stderr
+
+
 # ------------------------------------------------------------------------------- XManager
 
 def test_xm_build_args_passes_config_flags_through():
