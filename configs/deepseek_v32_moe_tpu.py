@@ -33,7 +33,7 @@ top_p 0.95 within top_k 256, so the kept sets matter).
 Memory (compiled, not run; docs/performance.md): all 61 layers, remat "full" (each layer's
 input kept, one layer recomputed at a time in the scan's backward), the update takes 81.8 GiB
 per v5p chip on 512 chips; on 256 chips 111 GiB (dropless: 126 GiB of temporaries alone).
-The rollout took 76.8 GiB per chip on 256 chips; it has not been compiled on 512.
+The rollout (8192 sequences, 1024 slots) takes 72.4 GiB per chip on the same 512 chips.
 The full model keeps the checkpoint's bfloat16 parameters, and AdamW runs on float32 master
 weights kept in the optimiser state (`optim.master_weights`): in bfloat16 alone an Adam step of
 lr 1e-6 is below half an ulp of a typical weight and rounds away. `:small` trains float32

@@ -214,12 +214,13 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   backend = config.kernel_backend
   if backend == "auto":  # kernels/__init__.py: the reference on CPU, compiled kernels elsewhere
     backend = "reference" if concrete and platform == "cpu" else "compiled"
-  per_token = memory.activation_bytes_per_token(cfg, length, tensor=tensor, kernel_backend=backend)
+  per_token = memory.activation_bytes_per_token(cfg, length, tensor=tensor, kernel_backend=backend,
+                                                expert=dict(mesh.shape)["expert"])
   host_per_token = memory.offloaded_activation_bytes_per_token(cfg, length, tensor=tensor,
                                                         kernel_backend=backend)
   offload_state = bool(config.optim.offload_state)
   out.update(
-      remat=cfg.remat, planned=plan is not None, offload_optimizer=offload_state,
+      remat=cfg.remat, scan_layers=cfg.scan_layers, planned=plan is not None, offload_optimizer=offload_state,
       host_bytes_per_device=(host_per_token * tokens_per_device
                              + (out["optimizer_bytes_per_device"] if offload_state else 0)),
       sequence_length=length, prompt_len=prompt_len, micro_batch_rows=rows,
@@ -295,8 +296,12 @@ def _compiled_lines(label: str, what: str, c: dict[str, float], r: dict[str, Any
   model = r.get("model_flops_per_device") if trips else None
   if model:
     # The scan over layers is a loop: its body (one layer) counts once in the compiled FLOPs.
+    why = ("every layer unrolled: above 1 is remat's recompute and capacity padding"
+           if not r.get("scan_layers", True) else "the scan's body counts once: "
+           "--config.model.scan_layers=False counts every layer")
     lines.append(f"{'':<11} model {model / 1e12:.3g} TFLOP per device for one micro-batch (6 x "
-                 f"active parameters + attention); compiled / model = {c['flops'] / model:.2f}")
+                 f"active parameters + attention); compiled / model = {c['flops'] / model:.2f} "
+                 f"({why})")
   if device is not None and trips and (c["flops"] or c["bytes_accessed"]):
     cost = dict(c, flops=max(c["flops"], model or 0))
     lines.append(f"{'':<11} roofline ~{trips * aot.roofline_seconds(cost, device):.3g} s per "

@@ -15,6 +15,8 @@ topology (`tpu_v5p=8x8x4`, `a100=8`); which names exist depends on the installed
 
 from __future__ import annotations
 
+import glob
+import math
 import os
 import re
 import sys
@@ -111,6 +113,30 @@ def docker_instructions(accelerator: str, repo_dir: str) -> list[str]:
   ]
 
 
+def check_job(config, accelerator: str) -> int:
+  """The job's device count from `accelerator` (a TPU topology's chips, or a GPU count), checked
+  before submission as launch/gke/render.py checks a JobSet: config.mesh must span those devices,
+  and every local path the job reads must be in the repository (all the image holds: XManager
+  mounts no volume here). ValueError on one line naming the culprit."""
+  from launch.gke import render  # render imports this module's build_args
+  resource, _, quantity = accelerator.partition("=")
+  if resource.lower().startswith("tpu"):
+    if not re.fullmatch(r"[1-9][0-9]*(x[1-9][0-9]*){1,2}", quantity):
+      raise ValueError(f"--accelerator={accelerator}: a TPU slice needs its topology, e.g. "
+                       "tpu_v5p=8x8x4")
+    devices = math.prod(int(n) for n in quantity.split("x"))
+  elif not quantity or quantity.isdigit() and int(quantity) > 0:
+    devices = int(quantity or 1)
+  else:
+    raise ValueError(f"--accelerator={accelerator}: expected a positive GPU count, e.g. a100=8")
+  render.check_mesh(config, devices)
+  for field, path in render.read_paths(config):
+    if os.path.isabs(path) or not glob.glob(os.path.join(REPO_ROOT, path)):
+      raise ValueError(f"config.{field}={path!r}: the job has the repository (its image) and "
+                       "gs:// paths only; put it on gs:// or in the repository")
+  return devices
+
+
 def main(argv):
   del argv  # the flags are read from sys.argv by build_args, and parsed by absl
   try:
@@ -120,7 +146,10 @@ def main(argv):
         "launch/xm_launch.py needs XManager on the launching machine (pip install xmanager); it "
         "is not a dependency of this project. Without it, launch/gke/ has JobSet manifests for "
         "kubectl.") from None
-  cli.checked_config(_CONFIG.value)
+  try:
+    check_job(cli.checked_config(_CONFIG.value), _ACCELERATOR.value)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   args = build_args(sys.argv, workdir=_WORKDIR.value)
   resource, _, quantity = _ACCELERATOR.value.partition("=")
   try:

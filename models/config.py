@@ -102,6 +102,11 @@ class ModelConfig:
   remat: str = "none"
   # Comma-separated activation tags kept by remat="names" / moved to host by "offload_names".
   remat_names: str = "attn_out,mlp_out"
+  # Training and scoring run each stack of identical layers as one `jax.lax.scan` (compile time
+  # and program size do not grow with depth). False unrolls the scan: the same layers, params
+  # and remat, one copy of the layer per depth in the program (XLA's cost analysis then counts
+  # every layer's FLOPs; a scan's body counts once).
+  scan_layers: bool = True
   # DSA kernels every forward uses unless the call names others (kernels.BACKENDS; "auto": the
   # Mosaic kernels on a TPU, Triton on a GPU, the pure-jnp reference on CPU).
   kernel_backend: str = "auto"

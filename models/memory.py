@@ -46,7 +46,8 @@ def tree_bytes(tree, shardings=None) -> int:
 
 
 def activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1,
-                               kernel_backend: str = "tpu", remat: str | None = None) -> float:
+                               kernel_backend: str = "tpu", remat: str | None = None,
+                               expert: int = 1) -> float:
   """Analytic bytes one token keeps alive in device memory for the backward pass of the policy
   loss (+-2x: XLA fusion decides what is really saved).
 
@@ -58,6 +59,8 @@ def activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1
   the feed-forward's gate, up and product (k routed + shared experts for MoE, plus the
   dispatched token copies). Then the fp32 logits, log-probs, probabilities and logit gradients
   of the vocabulary. Head-, mlp- and vocab-wide terms are divided by the "tensor" axis size.
+  On an expert mesh (`expert` > 1) the layer being differentiated also holds the expert-parallel
+  exchange's buffers (`exchange_bytes_per_token`).
 
   The layer being differentiated also holds gradients as large as its activations. `remat`
   (default cfg.remat; models/remat.py): every layer keeps its input and what the policy saves
@@ -77,7 +80,23 @@ def activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1
   # The scan over layers (models/transformer.py) differentiates one layer at a time from a
   # slice of the stacked saved tensors: one more layer's kept set.
   sliced = max(layer[kept] for layer in layers)
-  return sum(layer[kept] for layer in layers) + widest + sliced + vocab
+  return (sum(layer[kept] for layer in layers) + widest + sliced + vocab
+          + exchange_bytes_per_token(cfg, expert, tensor))
+
+
+def exchange_bytes_per_token(cfg: ModelConfig, expert: int, tensor: int = 1) -> float:
+  """Bytes per token of one MoE layer's expert-parallel exchange (models/moe_ep.py) while it is
+  differentiated: the k sent and returned rows, the received and answered rows and the expert
+  FFN's gate, up and product over them, each with its gradient. A device receives up to `expert`
+  x k rows per local token when dropless (the worst case, all sources to one destination),
+  ~capacity_factor x k under a capacity. 0 without a MoE layer or an expert axis."""
+  if not cfg.is_moe or expert <= 1:
+    return 0.0
+  b = jnp.dtype(cfg.dtype).itemsize
+  k, d = cfg.n_experts_per_tok, cfg.d_model
+  received = k * (cfg.moe_capacity_factor or expert)
+  rows = 2 * k * d + 2 * received * d + 3 * received * cfg.moe_mlp_dim / tensor
+  return 2 * b * rows
 
 
 def offloaded_activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1,

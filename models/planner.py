@@ -290,7 +290,8 @@ def estimate(cfg: ModelConfig, work: Workload, mesh: dict[str, int], device: Dev
     notes.append(f"micro-batch of {work.micro_rows} rows replicated over some batch axes")
   tokens = work.micro_rows * work.length / batch_shards
   per_token = memory.activation_bytes_per_token(
-      cfg, work.length, tensor=sizes["tensor"], kernel_backend=work.kernel_backend, remat=remat)
+      cfg, work.length, tensor=sizes["tensor"], kernel_backend=work.kernel_backend, remat=remat,
+      expert=sizes["expert"])
   host_per_token = memory.offloaded_activation_bytes_per_token(
       cfg, work.length, tensor=sizes["tensor"], kernel_backend=work.kernel_backend, remat=remat)
   activations = per_token * tokens

@@ -199,7 +199,7 @@ class Transformer(nnx.Module):
           body = jax.checkpoint(body, policy=chosen, prevent_cse=False)
         xs = {"state": state} if expert_ids is None else {"state": state,
                                                           "expert_ids": expert_ids}
-        x, (ids, stats, aux) = jax.lax.scan(body, x, xs)
+        x, (ids, stats, aux) = jax.lax.scan(body, x, xs, unroll=1 if cfg.scan_layers else True)
       else:
         # With a KV cache (prefill, decode), or unstacked (`unstack_layers`): layer by layer,
         # each layer's cache updated in place. Under a scan the per-layer caches would pass

@@ -17,7 +17,7 @@ from rl.core.checks import allowed
 # config may choose freely.
 HF_FREE_FIELDS = ("dtype", "param_dtype", "init_std", "max_seq_len", "moe_dispatch",
                   "router_aux_loss_coef", "router_bias_rate", "head", "remat", "remat_names",
-                  "kernel_backend")
+                  "scan_layers", "kernel_backend")
 
 
 def model_config(c: ml_collections.ConfigDict) -> ModelConfig:

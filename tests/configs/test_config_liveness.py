@@ -135,6 +135,7 @@ PROBES = {
     "model.param_dtype": ("model", "bfloat16", {}),
     "model.remat": ("model", "full", {}),
     "model.remat_names": ("model", "attn_in", {"model.remat": "names"}),
+    "model.scan_layers": ("model", False, {"model.n_layers": 3}),  # 2 MoE layers
     "kernel_backend": ("model", "interpret", {}),
     # ---------------------------------------------------------------- RL update (lowered)
     "model.router_aux_loss_coef": ("update", 0.0, {}),

@@ -1,8 +1,12 @@
-"""The XManager image recipe (launch/xm_launch.py docker_instructions) builds what a job runs:
-the locked requirements, and the client libraries of a gs:// workdir."""
+"""The XManager launcher (launch/xm_launch.py): the image recipe builds what a job runs (the
+locked requirements, the client libraries of a gs:// workdir), and a job whose mesh or local
+paths the accelerator's pods cannot serve is refused before submission."""
 
 import os
 import shlex
+
+import ml_collections
+import pytest
 
 from launch import xm_launch
 from rl.jobs import checkpoint
@@ -40,3 +44,42 @@ def test_image_holds_the_client_libraries_of_a_gs_workdir():
     provided = {p.replace("-", ".") for p in packages}
     for choices in checkpoint.GS_MODULES:
       assert choices & provided, (choices, accelerator)
+
+
+def _config(**mesh) -> ml_collections.ConfigDict:
+  from rl.config.defaults import base_config
+  c = base_config(preset="tiny_dense", algorithm="dapo")
+  c.data.source = "files"
+  c.data.train_files = "gs://b/p/*.jsonl"
+  c.data.heldout_files = ""
+  c.mesh.shape.update(mesh)
+  return c
+
+
+@pytest.mark.parametrize("mesh,accelerator,message", [
+    (dict(data=1, fsdp=32), "tpu_v5p=4x4x2", None),
+    (dict(data=1, fsdp=32), "tpu_v5p=4x4x1", r"spans 32 devices; the job has 16"),
+    (dict(data=-1, fsdp=3), "a100=8", r"8 devices do not split into the fixed axes \(3\)"),
+    (dict(data=-1), "tpu_v5p=8", r"a TPU slice needs its topology"),
+    (dict(data=-1), "a100=x", r"expected a positive GPU count"),
+])
+def test_a_mesh_the_accelerator_cannot_hold_is_refused(mesh, accelerator, message):
+  """config.mesh must span the devices --accelerator names (a TPU topology's chips or the GPU
+  count), as the GKE renderer checks it; a malformed --accelerator is named."""
+  config = _config(**mesh)
+  if message is None:
+    assert xm_launch.check_job(config, accelerator) == 32
+    return
+  with pytest.raises(ValueError, match=message):
+    xm_launch.check_job(config, accelerator)
+
+
+def test_a_local_path_outside_the_repository_is_refused():
+  """The job's image holds the repository only: a prompt file on this machine is refused on
+  one line; one inside the repository or on gs:// is accepted."""
+  config = _config(data=-1)
+  config.data.train_files = "/data/prompts/a.jsonl"
+  with pytest.raises(ValueError, match=r"config.data.train_files='/data/prompts/a.jsonl'"):
+    xm_launch.check_job(config, "a100=8")
+  config.data.train_files = os.path.relpath(__file__, ROOT)
+  assert xm_launch.check_job(config, "a100=8") == 8

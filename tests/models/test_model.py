@@ -312,6 +312,12 @@ def test_scanned_stacks_equal_the_layers_run_one_by_one(name, remat):
   out, grads = run(model)
   out1, grads1 = run(unstacked)
   np.testing.assert_allclose(out.logits, out1.logits, atol=1e-5, rtol=1e-5)
+  # scan_layers=False unrolls the same scan: the same parameters, logits and gradients.
+  out2, grads2 = run(build(name, seed=2, n_layers=3, remat=remat, remat_names=names,
+                           scan_layers=False))
+  np.testing.assert_allclose(out2.logits, out.logits, atol=1e-5, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(grads2), jax.tree.leaves(grads), strict=True):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
   if model.cfg.is_moe:
     np.testing.assert_array_equal(out.routing, out1.routing)
   for i in range(model.cfg.n_layers):
@@ -324,3 +330,21 @@ def test_scanned_stacks_equal_the_layers_run_one_by_one(name, remat):
     for a, b in zip(jax.tree.leaves(stacked), jax.tree.leaves(grads1["stacks"][g][i - first]),
                     strict=True):
       np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_unrolled_layers_count_every_layer_in_the_compiled_flops():
+  """XLA's cost analysis counts a scan's body once: the scanned update's compiled FLOPs do not
+  grow with depth, the unrolled one's (scan_layers=False, what the dry run compiles to show the
+  compute wasted by remat and capacity) grow by a layer's FLOPs per layer."""
+  tokens = random_tokens(3, (2, 16))
+
+  def flops(n_layers, scan_layers):
+    model = build("tiny_dense", seed=1, n_layers=n_layers, remat="full", scan_layers=scan_layers)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    def loss(params):
+      return jnp.mean(nnx.merge(graphdef, params, rest).forward(tokens).logits)
+    return jax.jit(jax.grad(loss)).lower(params).compile().cost_analysis()["flops"]
+  assert flops(4, True) == pytest.approx(flops(2, True), rel=0.01)
+  two, three, four = (flops(n, False) for n in (2, 3, 4))
+  assert four - three == pytest.approx(three - two, rel=0.05)
+  assert four - three > 0.1 * two
