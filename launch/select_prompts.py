@@ -74,6 +74,10 @@ def main(argv):
                                batch_prompts=_BATCH.value, seed=_SEED.value,
                                audit_threshold=_AUDIT_THRESHOLD.value,
                                fraction=_FRACTION.value)
+  if _RULE.value == "pre_ppo":
+    print(f"pre_ppo: wrote {stats['written']} prompts -> {_OUT.value}: the {stats['prompts']} "
+          f"prompts once, the {stats['written'] - stats['prompts']} lowest-scored once more")
+    return
   what = "responses" if _RULE.value == "rejection" else "prompts"
   print(f"{_RULE.value}: wrote {stats['written']} {what} -> {_OUT.value}; {stats['correct']} of "
         f"{stats['samples']} samples correct, {stats['prompts_with_correct']} of "
