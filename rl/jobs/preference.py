@@ -1,5 +1,5 @@
-"""Preference learning: pairwise data in jsonl, a learnable synthetic preference set, and the
-trainers the seeds use on pairs (spec section 9):
+"""Preference learning: pairwise data in jsonl or parquet, learnable synthetic and planted
+preference sets, and the trainers the seeds use on pairs (spec section 9):
 
   * `train_bt_rm`: a Bradley-Terry scalar reward model, `bt_loss(r_chosen, r_rejected)`;
   * `train_generative_rm` / `train_judge`: a pairwise generative judge trained as next-token
@@ -13,8 +13,10 @@ Each trainer is the project's AdamW at a constant learning rate (rl/core/train_s
 the step is cached per model graph and hyper-parameters, so later runs reuse it). Each returns
 the trained model and a metrics dict with held-out pairwise accuracy before and after. The
 default hyper-parameters suit the tiny presets; real models want learning rates near 1e-6.
+Each objective is also a `PreferenceTask` (data, objective, held-out metrics), which the
+launcher's jobs (rl/jobs/preference_jobs.py) train with checkpoints and resume.
 
-Data format, one pair per line:
+Data format, one pair per jsonl line or parquet row:
     {"prompt": str, "chosen": str, "rejected": str, "reference": str (optional)}
 """
 
