@@ -21,7 +21,12 @@ Rules (rl/jobs/select_prompts.py, their sources in rl/data/selection.py):
   low_variance  the prompts whose sample accuracies vary (offline DAPO dynamic sampling);
   audit         the math prompts whose samples agree (share >= --audit_threshold) on a final
                 answer other than the reference, with their "sampled_answers", for a human to
-                check (Seed-Thinking-v1.5's reference cleaning); the count is logged.
+                check (Seed-Thinking-v1.5's reference cleaning); the count is logged;
+  pre_ppo       the RLHF data-scaling study's Pre-PPO: each prompt's mean score over its n
+                samples under config.reward's graders (e.g. --config.reward.graders=
+                general=genrm --config.reward.genrm_dir=<genrm job workdir>), z-normalised per
+                domain; the lowest --fraction is kept and written merged with the original
+                set (every prompt once, the kept ones a second time, marked "pre_ppo").
 
 The prompts are the config's training entries (config.data: generated puzzles or prompt-record
 files) under its prompt template; sampling uses config.rollout (temperature, top-p, length) and
@@ -54,6 +59,8 @@ _BATCH = flags.DEFINE_integer("batch_prompts", 64, "Prompts per rollout call.")
 _SEED = cli.define(flags.DEFINE_integer, "seed", 0, "Sampling seed.")
 _AUDIT_THRESHOLD = flags.DEFINE_float("audit_threshold", 0.8, "--rule=audit: the share of "
                                       "samples the majority answer needs to flag a prompt.")
+_FRACTION = flags.DEFINE_float("fraction", 0.1, "--rule=pre_ppo: the share of prompts kept "
+                               "(the lowest per-domain-normalised scores).")
 
 
 def main(argv):
@@ -65,7 +72,12 @@ def main(argv):
   stats, _ = sample_and_select(_CONFIG.value, _CHECKPOINT.value, rule=_RULE.value, n=_N.value,
                                out_path=_OUT.value, limit=_LIMIT.value,
                                batch_prompts=_BATCH.value, seed=_SEED.value,
-                               audit_threshold=_AUDIT_THRESHOLD.value)
+                               audit_threshold=_AUDIT_THRESHOLD.value,
+                               fraction=_FRACTION.value)
+  if _RULE.value == "pre_ppo":
+    print(f"pre_ppo: wrote {stats['written']} prompts -> {_OUT.value}: the {stats['prompts']} "
+          f"prompts once, the {stats['written'] - stats['prompts']} lowest-scored once more")
+    return
   what = "responses" if _RULE.value == "rejection" else "prompts"
   print(f"{_RULE.value}: wrote {stats['written']} {what} -> {_OUT.value}; {stats['correct']} of "
         f"{stats['samples']} samples correct, {stats['prompts_with_correct']} of "

@@ -35,7 +35,10 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
   because "dapo"'s overlong buffer (4096 tokens, for 20480-token responses) does not fit the
   default 16-token rollout."""
   c = ml_collections.ConfigDict()
-  c.job = "rl"  # "rl", "sft", "sft_rl" (SFT, then RL from it) or "o1_coder" (launch/jobs.py)
+  # "rl", "sft", "sft_rl" (SFT, then RL from it), "o1_coder", or a preference job on
+  # config.preference's pairs: "bt_rm" (Bradley-Terry RM), "genrm" (pairwise generative RM),
+  # "dpo" (launch/jobs.py).
+  c.job = "rl"
   c.seed = 0  # the run's random seed (>= 0)
   # The policy's architecture: every field of models/config.py ModelConfig (rl/core/policy.py).
   c.model = model_section(preset, **model_overrides)
@@ -174,6 +177,19 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
       # worked solution forgets every carry, as an imperfect teacher's demonstrations would
       # (rl/rewards/puzzles.with_carry_slips); the verifier still checks the true value.
       carry_slip_rate=0.0,
+  ))
+  # Preference jobs (rl/jobs/preference_jobs.py): config.job "bt_rm" (needs model.head
+  # "scalar"), "genrm" or "dpo" (head "lm") from config.init_checkpoint, config.init_hf_dir or
+  # a random init. They train with config.sft's batch_size (pairs per step), lr (constant: no
+  # warm-up or decay), weight_decay, grad_clip, log_every and checkpoint_every, and skip bad
+  # rows with config.data.skip_bad_records.
+  c.preference = ml_collections.ConfigDict(dict(
+      # jsonl / parquet files of {"prompt", "chosen", "rejected"[, "reference"]} rows
+      # (comma-separated paths or globs): the training pairs and the held-out ones.
+      train_files="",
+      heldout_files="",
+      steps=300,  # optimiser steps
+      beta=0.1,  # DPO's beta (config.job "dpo")
   ))
   # The RL loop (rl/jobs/trainer.py).
   c.train = ml_collections.ConfigDict(dict(

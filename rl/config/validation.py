@@ -34,7 +34,9 @@ from rl.rollout import fp8
 from rl.rollout.streaming import StreamingConfig
 from rl.tool_use import environments
 
-JOBS = ("rl", "sft", "sft_rl", "o1_coder")  # launch/jobs.py run_job
+# launch/jobs.py run_job; the preference jobs' model heads (rl/jobs/preference_jobs.py).
+PREFERENCE_HEADS = {"bt_rm": "scalar", "genrm": "lm", "dpo": "lm"}
+JOBS = ("rl", "sft", "sft_rl", "o1_coder", *PREFERENCE_HEADS)
 TOKENIZERS_BUILTIN = ("byte",)  # models/tokenizer.py load_tokenizer
 # Sections a job adds beside the schema's, checked by that job's reader (o1: the O1-Coder
 # pipeline's settings, rl/o1_coder/selfplay.py).
@@ -55,6 +57,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check_reward(c)
     _check_optim(c)
     _check_sft(c)
+    _check_preference(c)
     _check_train(c)
     placement.check_mesh(c.mesh)
     _check_streaming(c)
@@ -99,6 +102,12 @@ def check_paths(c: ml_collections.ConfigDict) -> None:
   if c.data.source == "files":
     for field in ("train_files", "heldout_files"):
       sources.check_files(c.data[field], f"data.{field}")
+  if c.job in PREFERENCE_HEADS:
+    for field in ("train_files", "heldout_files"):
+      if not c.preference[field]:
+        raise InputError(f"config.preference.{field} is empty: config.job={c.job!r} reads "
+                         "preference pairs from it; set it to jsonl/parquet paths or globs")
+      sources.check_files(c.preference[field], f"preference.{field}")
   for field in ("genrm_dir", "bt_dir"):
     if c.reward[field] and not os.path.isfile(os.path.join(c.reward[field], "config.json")):
       raise InputError(f"config.reward.{field}={c.reward[field]!r}: no config.json there (not a "
@@ -210,6 +219,15 @@ def _check_sft(c: ml_collections.ConfigDict) -> None:
   if not 0 <= c.sft.max_len <= c.model.max_seq_len:
     raise ValueError(f"config.sft.max_len={c.sft.max_len}: must be in [0, "
                      f"config.model.max_seq_len={c.model.max_seq_len}] (0: the longest example)")
+
+
+def _check_preference(c: ml_collections.ConfigDict) -> None:
+  """config.preference (rl/jobs/preference_jobs.py) and the head its job trains."""
+  positive(c.preference, "preference", "steps", "beta")
+  head = PREFERENCE_HEADS.get(c.job)
+  if head and c.model.head != head:
+    raise ValueError(f"config.model.head={c.model.head!r} with config.job={c.job!r}: the job "
+                     f"trains a model with head={head!r}")
 
 
 def _check_train(c: ml_collections.ConfigDict) -> None:

@@ -144,3 +144,45 @@ def reference_audit(records: Sequence[Record], sampled_answers: Sequence[Sequenc
   logging.info("reference audit: flagged %d of %d prompts", len(flagged), len(records))
   return flagged
 
+
+
+# ----------------------------------------------------------------------------- Pre-PPO
+
+def domain_z_scores(records: Sequence[Record], scores: Sequence[float]) -> np.ndarray:
+  """Each score z-normalised within its record's domain ("domain" field; records without one
+  form one group): (s - mean) / std over that domain's prompts (population std; 0 for every
+  prompt of a domain whose scores are all equal)."""
+  _check_aligned(records, scores, "scores")
+  scores = np.asarray(scores, np.float64)
+  domains = np.array([str(r.get("domain", "")) for r in records])
+  z = np.zeros(len(scores))
+  for domain in np.unique(domains):
+    members = domains == domain
+    std = scores[members].std()
+    z[members] = (scores[members] - scores[members].mean()) / std if std > 0 else 0.0
+  return z
+
+
+def pre_ppo_select(records: Sequence[Record], scores: Sequence[float], *,
+                   fraction: float = 0.1) -> list[int]:
+  """Indices (ascending) of the prompts Pre-PPO keeps: the ceil(fraction * N) lowest
+  reward-model scores after `domain_z_scores`, ties broken by position.
+
+  The RLHF data-scaling study's Pre-PPO: prompts the reward model scores lowest are the ones
+  the policy has most left to learn on (and the hardest to hack); normalising within each
+  domain first keeps one domain's score scale from filling the selection.
+  """
+  if not 0.0 < fraction <= 1.0:
+    raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+  z = domain_z_scores(records, scores)
+  count = int(np.ceil(fraction * len(records) - 1e-9))
+  kept = sorted(np.argsort(z, kind="stable")[:count].tolist())
+  logging.info("Pre-PPO: kept the %d lowest of %d prompts (fraction %.3f)", len(kept),
+               len(records), fraction)
+  return kept
+
+
+def pre_ppo_merge(records: Sequence[Record], kept: Sequence[int]) -> list[Record]:
+  """The original set followed by one more copy of each kept prompt (marked "pre_ppo": True),
+  so an epoch over the written file draws the selected prompts twice as often as the rest."""
+  return [*records, *({**records[i], "pre_ppo": True} for i in kept)]

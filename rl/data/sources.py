@@ -34,7 +34,7 @@ import glob
 import json
 import os
 import pathlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from absl import logging
@@ -274,14 +274,18 @@ def _rows(path: str) -> tuple[Iterator[tuple[int, Any]], str, str]:
 
 
 def load_records(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
-                 skip_bad: bool = False) -> tuple[list[dict[str, Any]], LoadStats]:
+                 skip_bad: bool = False,
+                 parse: Callable[..., Any] = normalize_record) -> tuple[list[Any], LoadStats]:
   """Reads and normalises every row of `paths`, in order.
 
   `paths`: file paths (.jsonl, .parquet), glob patterns, or `tfds:NAME/SPLIT`.
   A malformed row raises InputError("PATH:LINE: reason") (parquet/TFDS: "PATH row N: reason");
-  with `skip_bad` it is skipped, counted in the returned stats and logged.
+  with `skip_bad` it is skipped, counted in the returned stats and logged. `parse(row,
+  default_source=)` turns a raw row into what is returned, raising ValueError on a bad one:
+  prompt records by default (`normalize_record`); rl/jobs/preference.py reads preference pairs
+  through it.
   """
-  records: list[dict[str, Any]] = []
+  records: list[Any] = []
   stats = LoadStats()
   for path in _expand(paths):
     rows, default_source, unit = _rows(path)
@@ -291,7 +295,7 @@ def load_records(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
       try:
         if isinstance(row, ValueError):
           raise row
-        records.append(normalize_record(row, default_source=default_source))
+        records.append(parse(row, default_source=default_source))
         stats.locations.append(where)
         loaded += 1
       except ValueError as e:
@@ -299,7 +303,7 @@ def load_records(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
           raise InputError(f"{where}: {e}") from None
         skipped += 1
         if skipped <= MAX_LOGGED_BAD_ROWS:
-          logging.warning("skipping bad prompt record %s: %s", where, e)
+          logging.warning("skipping bad row %s: %s", where, e)
     if skipped:
       logging.warning("%s: skipped %d bad record(s), kept %d", path, skipped, loaded)
     stats.loaded += loaded

@@ -1,5 +1,5 @@
-"""Preference learning: pairwise data in jsonl, a learnable synthetic preference set, and the
-trainers the seeds use on pairs (spec section 9):
+"""Preference learning: pairwise data in jsonl or parquet, learnable synthetic and planted
+preference sets, and the trainers the seeds use on pairs (spec section 9):
 
   * `train_bt_rm`: a Bradley-Terry scalar reward model, `bt_loss(r_chosen, r_rejected)`;
   * `train_generative_rm` / `train_judge`: a pairwise generative judge trained as next-token
@@ -13,8 +13,10 @@ Each trainer is the project's AdamW at a constant learning rate (rl/core/train_s
 the step is cached per model graph and hyper-parameters, so later runs reuse it). Each returns
 the trained model and a metrics dict with held-out pairwise accuracy before and after. The
 default hyper-parameters suit the tiny presets; real models want learning rates near 1e-6.
+Each objective is also a `PreferenceTask` (data, objective, held-out metrics), which the
+launcher's jobs (rl/jobs/preference_jobs.py) train with checkpoints and resume.
 
-Data format, one pair per line:
+Data format, one pair per jsonl line or parquet row:
     {"prompt": str, "chosen": str, "rejected": str, "reference": str (optional)}
 """
 
@@ -42,6 +44,7 @@ from rl.core.losses import bt_loss, dpo_loss
 from rl.rewards.genrm import (BradleyTerryRM, GenerativeRM, at_last_token, judge_prompt,
                               split_model)
 from rl.core.sampling import next_token_logprobs, token_logprobs
+from rl.data import sources
 
 # ----------------------------------------------------------------------------- Data
 
@@ -56,44 +59,31 @@ class PreferencePair:
   reference: str | None = None
 
 
-def _parse_pair(line: bytes) -> PreferencePair:
-  try:
-    record = json.loads(line.decode("utf-8"))
-  except UnicodeDecodeError as error:
-    raise ValueError(f"not UTF-8 ({error.reason})") from None
-  except json.JSONDecodeError as error:
-    raise ValueError(f"invalid JSON ({error.msg} at column {error.colno})") from None
-  if not isinstance(record, dict):
-    raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+def pair_from_row(row, *, default_source: str = "") -> PreferencePair:
+  """The pair of one raw row (a jsonl object or a parquet row): ValueError naming the field
+  when it is malformed. `default_source` is unused (rl/data/sources.load_records passes it)."""
+  del default_source
+  if not isinstance(row, dict):
+    raise ValueError(f"expected a JSON object, got {type(row).__name__}")
   for key in ("prompt", "chosen", "rejected"):
-    if not isinstance(record.get(key), str):
-      raise ValueError(f"field {key!r} must be a string, got {record.get(key)!r}")
-  reference = record.get("reference")
+    if not isinstance(row.get(key), str):
+      raise ValueError(f"field {key!r} must be a string, got {row.get(key)!r:.80}")
+  reference = row.get("reference")
   if reference is not None and not isinstance(reference, str):
-    raise ValueError(f"field 'reference' must be a string or null, got {reference!r}")
-  return PreferencePair(record["prompt"], record["chosen"], record["rejected"], reference)
+    raise ValueError(f"field 'reference' must be a string or null, got {reference!r:.80}")
+  return PreferencePair(row["prompt"], row["chosen"], row["rejected"], reference)
 
 
-def load_preferences(path: str | os.PathLike, *,
-                     skip_bad: bool = False) -> tuple[list[PreferencePair], int]:
-  """Reads a jsonl preference file: (pairs, number of malformed lines skipped).
+def load_preferences(paths, *, skip_bad: bool = False) -> tuple[list[PreferencePair], int]:
+  """Reads preference files: (pairs, number of malformed rows skipped).
 
-  Blank lines are ignored; extra keys are allowed. A malformed line raises ValueError naming
-  `path:line`, or with `skip_bad=True` is logged, skipped and counted.
+  `paths`: jsonl or parquet files or globs (a list, or one comma-free path), read by
+  rl/data/sources.load_records: blank lines are ignored and extra keys are allowed. A
+  malformed row raises InputError (a ValueError) naming `path:line` (parquet: `path row N`)
+  and the field, or with `skip_bad=True` is logged, skipped and counted.
   """
-  pairs, skipped = [], 0
-  with open(path, "rb") as f:
-    for line_number, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        pairs.append(_parse_pair(line))
-      except ValueError as error:
-        if not skip_bad:
-          raise ValueError(f"{os.fspath(path)}:{line_number}: {error}") from None
-        logging.warning("skipping %s:%d: %s", os.fspath(path), line_number, error)
-        skipped += 1
-  return pairs, skipped
+  pairs, stats = sources.load_records(paths, skip_bad=skip_bad, parse=pair_from_row)
+  return pairs, stats.skipped
 
 
 def save_preferences(path: str | os.PathLike, pairs: Sequence[PreferencePair]) -> None:
@@ -125,6 +115,44 @@ def make_synthetic_preferences(n: int, seed: int, *, min_len: int = 3,
     topic = SYNTHETIC_TOPICS[rng.integers(len(SYNTHETIC_TOPICS))]
     name = "".join(rng.choice(letters, size=rng.integers(min_len, max_len + 1)))
     pairs.append(PreferencePair(f"Name a {topic} in lowercase letters.", name, name.upper()))
+  return pairs
+
+
+PLANTED_MARKER = "thanks"
+# Endings of the rejected responses: words of the marker's length, so the pair's two responses
+# are equally long and only the last word tells them apart.
+PLANTED_DISTRACTORS = ("indeed", "really", "mostly", "surely", "little", "simply", "anyway")
+PLANTED_SUBJECTS = ("a river", "the moon", "a garden", "an old bridge", "the market", "a storm",
+                    "a library", "the harbour", "a mountain", "a small village", "the desert",
+                    "a forest path")
+PLANTED_PROMPTS = ("Tell me about {}.", "Describe {}.", "Write one line on {}.",
+                   "What do you think of {}?")
+PLANTED_CLAUSES = ("it is calm in the morning", "people like to walk there",
+                   "it changes with the seasons", "it looks different at night",
+                   "it is older than it seems", "many stories are told about it")
+
+
+def has_planted_property(response: str) -> bool:
+  """The planted preference's checkable property: the response's last word is the marker."""
+  words = response.split()
+  return bool(words) and words[-1].strip(".!,").lower() == PLANTED_MARKER
+
+
+def make_planted_preferences(n: int, seed: int) -> list[PreferencePair]:
+  """`n` pairs over general (non-verifiable) prompts where the chosen response has the planted
+  property (`has_planted_property`: it ends with the word "thanks") and the rejected one lacks
+  it: the same sentence ending in a distractor word of the same length. Deterministic in
+  `seed`; different seeds draw different pairs, so one seed trains and another holds out."""
+  rng = np.random.default_rng(seed)
+  pairs = []
+  for _ in range(n):
+    subject = PLANTED_SUBJECTS[rng.integers(len(PLANTED_SUBJECTS))]
+    prompt = PLANTED_PROMPTS[rng.integers(len(PLANTED_PROMPTS))].format(subject)
+    sentence = (f"{subject[0].upper()}{subject[1:]}: "
+                f"{PLANTED_CLAUSES[rng.integers(len(PLANTED_CLAUSES))]},")
+    distractor = PLANTED_DISTRACTORS[rng.integers(len(PLANTED_DISTRACTORS))]
+    pairs.append(PreferencePair(prompt, f"{sentence} {PLANTED_MARKER}",
+                                f"{sentence} {distractor}"))
   return pairs
 
 
@@ -193,7 +221,7 @@ def _dpo_objective(params, graphdef, rest, batch, *, beta):
 
 
 @functools.lru_cache(maxsize=32)
-def _train_step(objective: Callable, graphdef: nnx.GraphDef, lr: float, weight_decay: float,
+def objective_step(objective: Callable, graphdef: nnx.GraphDef, lr: float, weight_decay: float,
                 grad_clip: float, static: tuple) -> tuple[optax.GradientTransformation, Callable]:
   """The optimiser (constant lr) and its jit(params, opt_state, rest, batch) -> (params,
   opt_state, loss, metrics); params and optimiser state are donated."""
@@ -207,7 +235,7 @@ def _train_step(objective: Callable, graphdef: nnx.GraphDef, lr: float, weight_d
   return optimizer, jax.jit(ts.gradient_step(loss_fn, optimizer), donate_argnums=(0, 1))
 
 
-def _batch_indices(num_examples: int, batch_size: int, seed: int) -> Iterator[np.ndarray]:
+def batch_indices(num_examples: int, batch_size: int, seed: int) -> Iterator[np.ndarray]:
   """Endless fixed-size batches from a stream of shuffled epochs."""
   rng = np.random.default_rng(seed)
   stream = np.zeros(0, np.int64)
@@ -225,11 +253,11 @@ def fit_objective(name: str, objective: Callable, model, data: dict[str, np.ndar
   """Runs `steps` optimiser steps on row-aligned `data`: (params, metrics), the metrics being
   the first step's loss and each step metric averaged over the last tenth (<= 10 steps)."""
   graphdef, params, rest = split_model(model)
-  optimizer, step_fn = _train_step(objective, graphdef, lr, weight_decay, grad_clip, static)
+  optimizer, step_fn = objective_step(objective, graphdef, lr, weight_decay, grad_clip, static)
   params = jax.tree.map(jnp.copy, params)  # donated below; the caller's model stays valid
   opt_state = optimizer.init(params)
   num_examples = len(next(iter(data.values())))
-  batches = _batch_indices(num_examples, batch_size, seed)
+  batches = batch_indices(num_examples, batch_size, seed)
   history = []
   start = time.perf_counter()
   for step in range(1, steps + 1):
@@ -255,27 +283,41 @@ def padded_width(sequences: Sequence[Sequence[int]], multiple: int = 16) -> int:
   return round_up(max(len(s) for s in sequences), multiple)
 
 
+class PreferenceTask(NamedTuple):
+  """What one preference objective trains on and how it is judged, for a model split as
+  (graphdef, params, rest): the objective, its row-aligned training data, the objective's
+  static keyword arguments, and `heldout(params)`, the held-out metrics of trained parameters
+  (`heldout_accuracy` among them: the share of held-out pairs the model orders right)."""
+
+  objective: Callable
+  data: dict[str, np.ndarray]
+  static: tuple
+  heldout: Callable[[nnx.State], dict[str, float]]
+
+
 # ----------------------------------------------------------------------------- Bradley-Terry RM
+
+
+def bt_metrics(rm: BradleyTerryRM, pairs: Sequence[PreferencePair]) -> dict[str, float]:
+  """On `pairs`: "accuracy", the fraction whose chosen response gets the strictly higher
+  reward, and "loss", the mean Bradley-Terry loss -log sigmoid(r_chosen - r_rejected) (log 2
+  for an RM that cannot tell the two apart, whatever the sign of a small margin)."""
+  prompts = [p.prompt for p in pairs]
+  r_chosen = rm.rewards(prompts, [p.chosen for p in pairs]).astype(np.float64)
+  r_rejected = rm.rewards(prompts, [p.rejected for p in pairs]).astype(np.float64)
+  return {"accuracy": float(np.mean(r_chosen > r_rejected)),
+          "loss": float(np.mean(np.logaddexp(0.0, r_rejected - r_chosen)))}
 
 
 def bt_accuracy(rm: BradleyTerryRM, pairs: Sequence[PreferencePair]) -> float:
   """Fraction of pairs whose chosen response gets the strictly higher reward."""
-  prompts = [p.prompt for p in pairs]
-  r_chosen = rm.rewards(prompts, [p.chosen for p in pairs])
-  r_rejected = rm.rewards(prompts, [p.rejected for p in pairs])
-  return float(np.mean(r_chosen > r_rejected))
+  return bt_metrics(rm, pairs)["accuracy"]
 
 
-def train_bt_rm(model, tokenizer, train: Sequence[PreferencePair],
-                heldout: Sequence[PreferencePair], *, steps: int = 300, batch_size: int = 16,
-                lr: float = 1e-3, weight_decay: float = 0.01, grad_clip: float = 1.0,
-                seed: int = 0, log_every: int = 100) -> tuple[BradleyTerryRM, dict[str, float]]:
-  """Trains a scalar-head model with `bt_loss` on (chosen, rejected) rewards.
-
-  The reward is the value at the last token of prompt + response (`BradleyTerryRM`). Returns
-  the trained RM and metrics: train loss start / end, held-out pairwise accuracy before
-  (`heldout_accuracy_start`) and after (`heldout_accuracy`).
-  """
+def bt_task(model, tokenizer, train: Sequence[PreferencePair],
+            heldout: Sequence[PreferencePair], *, batch_size: int) -> PreferenceTask:
+  """`bt_loss` on the rewards of (chosen, rejected): the value at the last token of prompt +
+  response (`BradleyTerryRM`); held out: `bt_accuracy`."""
   rm = BradleyTerryRM(model, tokenizer, batch_size=2 * batch_size)
   chosen = [rm.encode(p.prompt, p.chosen) for p in train]
   rejected = [rm.encode(p.prompt, p.rejected) for p in train]
@@ -284,25 +326,47 @@ def train_bt_rm(model, tokenizer, train: Sequence[PreferencePair],
   for side, sequences in (("chosen", chosen), ("rejected", rejected)):
     data[f"tokens_{side}"], data[f"lengths_{side}"] = pad_batch(sequences, length=width,
                                                                 pad_id=tokenizer.pad_id)
-  accuracy_start = bt_accuracy(rm, heldout)
-  params, metrics = fit_objective("bt", _bt_objective, model, data, steps=steps,
+
+  def heldout_metrics(params):
+    trained = BradleyTerryRM((rm.graphdef, params, rm.rest), tokenizer,
+                             batch_size=2 * batch_size)
+    metrics = bt_metrics(trained, heldout)
+    return {"heldout_accuracy": metrics["accuracy"], "heldout_loss": metrics["loss"]}
+
+  return PreferenceTask(_bt_objective, data, (), heldout_metrics)
+
+
+def train_bt_rm(model, tokenizer, train: Sequence[PreferencePair],
+                heldout: Sequence[PreferencePair], *, steps: int = 300, batch_size: int = 16,
+                lr: float = 1e-3, weight_decay: float = 0.01, grad_clip: float = 1.0,
+                seed: int = 0, log_every: int = 100) -> tuple[BradleyTerryRM, dict[str, float]]:
+  """Trains a scalar-head model with `bt_loss` on (chosen, rejected) rewards (`bt_task`).
+
+  Returns the trained RM and metrics: train loss start / end, held-out pairwise accuracy before
+  (`heldout_accuracy_start`) and after (`heldout_accuracy`).
+  """
+  task = bt_task(model, tokenizer, train, heldout, batch_size=batch_size)
+  graphdef, params, rest = split_model(model)
+  accuracy_start = task.heldout(params)["heldout_accuracy"]
+  params, metrics = fit_objective("bt", task.objective, model, task.data, steps=steps,
                                   batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                                   grad_clip=grad_clip, seed=seed, log_every=log_every)
-  trained = BradleyTerryRM((rm.graphdef, params, rm.rest), tokenizer, batch_size=2 * batch_size)
-  metrics.update(heldout_accuracy_start=accuracy_start,
-                 heldout_accuracy=bt_accuracy(trained, heldout))
-  return trained, metrics
+  metrics.update(heldout_accuracy_start=accuracy_start, **task.heldout(params))
+  return BradleyTerryRM((graphdef, params, rest), tokenizer, batch_size=2 * batch_size), metrics
 
 
 # ----------------------------------------------------------------------------- Generative RM
 
 
 def judge_accuracy(rm: GenerativeRM, pairs: Sequence[PreferencePair]) -> dict[str, float]:
-  """Held-out accuracy of a pairwise judge, scored two ways.
+  """Held-out accuracy of a pairwise judge, scored two ways, and its loss.
 
   both_orders: score_pair(chosen, rejected) > 0.5. single_order: pair i is shown once, chosen
   in slot A for even i and in slot B for odd i, and the judge is right when P(YES) > 0.5
-  exactly when A is the chosen one; a judge that always answers YES gets 0.5.
+  exactly when A is the chosen one; a judge that always answers YES gets 0.5. loss: the mean
+  cross-entropy of the right answer (YES with the chosen response in slot A, else NO) under
+  P(YES) normalised over {YES, NO}, both orders of every pair (log 2 for a judge that cannot
+  tell).
   """
   examples = judge_examples(pairs)
   p_yes = rm.p_yes([e.prompt for e in examples]).astype(np.float64)
@@ -310,21 +374,18 @@ def judge_accuracy(rm: GenerativeRM, pairs: Sequence[PreferencePair]) -> dict[st
   both_orders = 0.5 + 0.5 * (p_chosen_first - p_chosen_second)
   shown = np.where(np.arange(len(pairs)) % 2 == 0, p_chosen_first > 0.5,
                    p_chosen_second <= 0.5)
-  return {"both_orders": float(np.mean(both_orders > 0.5)), "single_order": float(np.mean(shown))}
+  tiny = np.finfo(np.float64).tiny
+  loss = -0.5 * np.mean(np.log(np.maximum(p_chosen_first, tiny))
+                        + np.log(np.maximum(1.0 - p_chosen_second, tiny)))
+  return {"both_orders": float(np.mean(both_orders > 0.5)), "single_order": float(np.mean(shown)),
+          "loss": float(loss)}
 
 
-def train_judge(model, tokenizer, examples: Sequence[JudgeExample],
-                heldout: Sequence[PreferencePair], *, steps: int = 300, batch_size: int = 16,
-                lr: float = 1e-3, weight_decay: float = 0.01, grad_clip: float = 1.0,
-                seed: int = 0, log_every: int = 100, use_chat_template: bool = False
-                ) -> tuple[GenerativeRM, dict[str, float]]:
-  """Trains an LM-head model to answer each example's judge prompt with YES or NO: cross-entropy
-  of the next token over the full vocabulary at the last prompt position.
-
-  Returns the trained judge and metrics: train loss start / end, held-out both-orders accuracy
-  before and after (`heldout_accuracy_start`, `heldout_accuracy`) and the single-order one
-  (`heldout_accuracy_single_order`), see `judge_accuracy`.
-  """
+def judge_task(model, tokenizer, examples: Sequence[JudgeExample],
+               heldout: Sequence[PreferencePair], *, batch_size: int,
+               use_chat_template: bool = False) -> PreferenceTask:
+  """Cross-entropy of YES / NO over the full vocabulary at the last judge-prompt position;
+  held out: `judge_accuracy` (`heldout_accuracy` both orders, and the single-order one)."""
   rm = GenerativeRM(model, tokenizer, batch_size=2 * batch_size,
                     use_chat_template=use_chat_template)
   sequences = [rm.encode(e.prompt) for e in examples]
@@ -332,18 +393,42 @@ def train_judge(model, tokenizer, examples: Sequence[JudgeExample],
   data["tokens"], data["lengths"] = pad_batch(sequences, length=padded_width(sequences),
                                               pad_id=tokenizer.pad_id)
   data["yes"] = np.array([e.yes for e in examples], bool)
-  accuracy_start = judge_accuracy(rm, heldout)
-  params, metrics = fit_objective("judge", _judge_objective, model, data, steps=steps,
+
+  def heldout_metrics(params):
+    trained = GenerativeRM((rm.graphdef, params, rm.rest), tokenizer, batch_size=2 * batch_size,
+                           use_chat_template=use_chat_template)
+    accuracy = judge_accuracy(trained, heldout)
+    return {"heldout_accuracy": accuracy["both_orders"],
+            "heldout_accuracy_single_order": accuracy["single_order"],
+            "heldout_loss": accuracy["loss"]}
+
+  return PreferenceTask(_judge_objective, data, (("yes_id", rm.yes_id), ("no_id", rm.no_id)),
+                        heldout_metrics)
+
+
+def train_judge(model, tokenizer, examples: Sequence[JudgeExample],
+                heldout: Sequence[PreferencePair], *, steps: int = 300, batch_size: int = 16,
+                lr: float = 1e-3, weight_decay: float = 0.01, grad_clip: float = 1.0,
+                seed: int = 0, log_every: int = 100, use_chat_template: bool = False
+                ) -> tuple[GenerativeRM, dict[str, float]]:
+  """Trains an LM-head model to answer each example's judge prompt with YES or NO
+  (`judge_task`).
+
+  Returns the trained judge and metrics: train loss start / end, held-out both-orders accuracy
+  before and after (`heldout_accuracy_start`, `heldout_accuracy`) and the single-order one
+  (`heldout_accuracy_single_order`), see `judge_accuracy`.
+  """
+  task = judge_task(model, tokenizer, examples, heldout, batch_size=batch_size,
+                    use_chat_template=use_chat_template)
+  graphdef, params, rest = split_model(model)
+  accuracy_start = task.heldout(params)["heldout_accuracy"]
+  params, metrics = fit_objective("judge", task.objective, model, task.data, steps=steps,
                                   batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                                   grad_clip=grad_clip, seed=seed, log_every=log_every,
-                                  static=(("yes_id", rm.yes_id), ("no_id", rm.no_id)))
-  trained = GenerativeRM((rm.graphdef, params, rm.rest), tokenizer, batch_size=2 * batch_size,
-                         use_chat_template=use_chat_template)
-  accuracy = judge_accuracy(trained, heldout)
-  metrics.update(heldout_accuracy_start=accuracy_start["both_orders"],
-                 heldout_accuracy=accuracy["both_orders"],
-                 heldout_accuracy_single_order=accuracy["single_order"])
-  return trained, metrics
+                                  static=task.static)
+  metrics.update(heldout_accuracy_start=accuracy_start, **task.heldout(params))
+  return GenerativeRM((graphdef, params, rest), tokenizer, batch_size=2 * batch_size,
+                      use_chat_template=use_chat_template), metrics
 
 
 def train_generative_rm(model, tokenizer, train: Sequence[PreferencePair],
@@ -400,18 +485,13 @@ def _sequence_logps(graphdef, params, rest, tokens: np.ndarray, mask: np.ndarray
   return out
 
 
-def train_dpo(policy, tokenizer, train: Sequence[PreferencePair],
-              heldout: Sequence[PreferencePair], *, beta: float = 0.1, steps: int = 200,
-              batch_size: int = 16, lr: float = 1e-3, weight_decay: float = 0.0,
-              grad_clip: float = 1.0, seed: int = 0, log_every: int = 100
-              ) -> tuple[nnx.Module, dict[str, float]]:
-  """DPO (`dpo_loss`) against a frozen copy of the initial policy.
-
-  Reference log-probs are computed once up front. Returns the trained policy (a new module;
-  `policy` is left unchanged) and metrics: train loss start / end and, on held-out pairs, the
-  DPO loss, the mean implicit reward margin beta * [(logp_w - logp_ref_w) - (logp_l -
-  logp_ref_l)] and the pairwise accuracy (margin > 0), each before (`..._start`) and after.
-  """
+def dpo_task(policy, tokenizer, train: Sequence[PreferencePair],
+             heldout: Sequence[PreferencePair], *, beta: float, batch_size: int
+             ) -> PreferenceTask:
+  """`dpo_loss` against the frozen parameters of `policy` as they are now (the reference; its
+  log-probs are computed here, once). Held out: the DPO loss, the mean implicit reward margin
+  beta * [(logp_w - logp_ref_w) - (logp_l - logp_ref_l)] and the pairwise accuracy (margin >
+  0)."""
   graphdef, reference_params, rest = split_model(policy)
   # One width for both sets, so training, reference and held-out passes share shapes.
   width = dpo_rows(tokenizer, [*train, *heldout])["tokens_chosen"].shape[1]
@@ -428,22 +508,37 @@ def train_dpo(policy, tokenizer, train: Sequence[PreferencePair],
   heldout_rows = dpo_rows(tokenizer, heldout, width)
   heldout_reference = logps(reference_params, heldout_rows)
 
-  def heldout_metrics(params, suffix: str) -> dict[str, float]:
+  def heldout_metrics(params) -> dict[str, float]:
     policy_logp = logps(params, heldout_rows)
     margin = beta * ((policy_logp["chosen"] - heldout_reference["chosen"])
                      - (policy_logp["rejected"] - heldout_reference["rejected"]))
     loss = dpo_loss(jnp.asarray(policy_logp["chosen"]), jnp.asarray(policy_logp["rejected"]),
                     jnp.asarray(heldout_reference["chosen"]),
                     jnp.asarray(heldout_reference["rejected"]), beta=beta)
-    return {f"heldout_loss{suffix}": float(loss),
-            f"heldout_reward_margin{suffix}": float(np.mean(margin)),
-            f"heldout_accuracy{suffix}": float(np.mean(margin > 0))}
+    return {"heldout_loss": float(loss), "heldout_reward_margin": float(np.mean(margin)),
+            "heldout_accuracy": float(np.mean(margin > 0))}
 
-  start_metrics = heldout_metrics(reference_params, "_start")
-  params, metrics = fit_objective("dpo", _dpo_objective, policy, data, steps=steps,
+  return PreferenceTask(_dpo_objective, data, (("beta", beta),), heldout_metrics)
+
+
+def train_dpo(policy, tokenizer, train: Sequence[PreferencePair],
+              heldout: Sequence[PreferencePair], *, beta: float = 0.1, steps: int = 200,
+              batch_size: int = 16, lr: float = 1e-3, weight_decay: float = 0.0,
+              grad_clip: float = 1.0, seed: int = 0, log_every: int = 100
+              ) -> tuple[nnx.Module, dict[str, float]]:
+  """DPO (`dpo_task`) against a frozen copy of the initial policy.
+
+  Returns the trained policy (a new module; `policy` is left unchanged) and metrics: train loss
+  start / end and, on held-out pairs, the DPO loss, the mean implicit reward margin and the
+  pairwise accuracy, each before (`..._start`) and after.
+  """
+  task = dpo_task(policy, tokenizer, train, heldout, beta=beta, batch_size=batch_size)
+  graphdef, params, rest = split_model(policy)
+  start_metrics = {f"{k}_start": v for k, v in task.heldout(params).items()}
+  params, metrics = fit_objective("dpo", task.objective, policy, task.data, steps=steps,
                                   batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                                   grad_clip=grad_clip, seed=seed, log_every=log_every,
-                                  static=(("beta", beta),))
+                                  static=task.static)
   metrics.update(start_metrics)
-  metrics.update(heldout_metrics(params, ""))
+  metrics.update(task.heldout(params))
   return nnx.merge(graphdef, params, rest), metrics

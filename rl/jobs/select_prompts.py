@@ -8,7 +8,12 @@ SFT) reads back with config.data.source=files, config.data.train_files=<file>. T
 * "low_variance": the prompts whose sample accuracies vary (selection.low_variance_removal), the
   offline form of the trainer's dynamic sampling, which drops groups on the same accuracies;
 * "audit": the math prompts whose samples agree on a final answer other than the reference
-  (selection.reference_audit), each with its sampled answers, for a human to check.
+  (selection.reference_audit), each with its sampled answers, for a human to check;
+* "pre_ppo": the RLHF data-scaling study's Pre-PPO: each prompt's mean score over its samples
+  under the run's graders (config.reward: a reward model for the domains it names),
+  z-normalised per domain; the lowest `fraction` is kept (selection.pre_ppo_select) and
+  written merged with the original set: every prompt once, the kept ones once more
+  (selection.pre_ppo_merge).
 
 `launch/select_prompts.py` is the command line.
 """
@@ -38,7 +43,7 @@ from rl.data.templates import prompt_of
 from rl.rewards import manager
 from rl.rewards import extract
 
-RULES = ("rejection", "worst_of_n", "low_variance", "audit")
+RULES = ("rejection", "worst_of_n", "low_variance", "audit", "pre_ppo")
 
 GenerateFn = Callable[[Sequence[dict], int], Sequence[Sequence[str]]]
 VerifyFn = Callable[[Sequence[dict], Sequence[str]], Sequence[float]]
@@ -103,11 +108,11 @@ def sample_outcomes(records: Sequence[dict], generate_fn: GenerateFn, verify_fn:
 
 
 def apply_rule(outcomes: Outcomes, rule: str, *, min_score: float = 1.0, min_std: float = 1e-6,
-               audit_threshold: float = 0.8) -> list[dict]:
+               audit_threshold: float = 0.8, fraction: float = 0.1) -> list[dict]:
   """The records `rule` writes: SFT records with a "response" for "rejection", prompt records
   for the others ("audit" adds each flagged record's "sampled_answers"). A sample is solved when
-  its accuracy is >= `min_score`; `min_std` is low_variance_removal's and `audit_threshold`
-  reference_audit's `threshold`."""
+  its accuracy is >= `min_score`; `min_std` is low_variance_removal's, `audit_threshold`
+  reference_audit's `threshold` and `fraction` pre_ppo_select's."""
   check_rule(rule)
   records, accuracies = outcomes.records, outcomes.accuracies
   if rule == "rejection":
@@ -116,6 +121,9 @@ def apply_rule(outcomes: Outcomes, rule: str, *, min_score: float = 1.0, min_std
     return selection.worst_of_n_filter(records, (accuracies >= min_score).astype(int).tolist())
   if rule == "low_variance":
     return selection.low_variance_removal(records, accuracies.tolist(), min_std=min_std)
+  if rule == "pre_ppo":
+    kept = selection.pre_ppo_select(records, accuracies.mean(axis=1), fraction=fraction)
+    return selection.pre_ppo_merge(records, kept)
   flagged = selection.reference_audit(records, outcomes.answers, threshold=audit_threshold)
   return [{**records[i], "sampled_answers": outcomes.answers[i]} for i in flagged]
 

@@ -77,6 +77,10 @@ STAGED = {"data.curriculum": "staged", "data.curriculum_stages": "0:addition=1"}
 AUTO = {"mesh.auto": True, "mesh.devices": 8}
 MESH4 = {"mesh.devices": 4}
 TOOLS = {"tools.enabled": True, "tools.environments": "trip_planning"}
+# A DPO job of 2 steps on the tiny base model, from planted preference files.
+PREFERENCE = {"job": "dpo", "preference.train_files": "{prefs}/train.jsonl",
+              "preference.heldout_files": "{prefs}/heldout.jsonl", "preference.steps": 2,
+              "sft.batch_size": 4}
 FILES = {"data.source": "files", "data.train_files": "{files}/train.jsonl",
          "data.heldout_files": "{files}/heldout.jsonl"}
 
@@ -275,6 +279,11 @@ PROBES = {
     "model.init_std": ("init", 0.5, {}),
     "rl.critic_init": ("critic_init", "random", CRITIC),
     "job": ("job", "sft", {}),
+    # ------------------------------------------------- preference jobs (rl/jobs/preference_jobs)
+    "preference.train_files": ("preference", "{prefs}/train2.jsonl", PREFERENCE),
+    "preference.heldout_files": ("preference", "{prefs}/heldout2.jsonl", PREFERENCE),
+    "preference.steps": ("preference", 3, PREFERENCE),
+    "preference.beta": ("preference", 0.5, PREFERENCE),
 }
 
 # field: why no test here shows it live.
@@ -326,6 +335,13 @@ def resources(tmp_path_factory):
       if name == "bad":
         f.write("not json\n")
   out = {"files": str(files)}
+  from rl.jobs import preference
+  prefs = root / "prefs"
+  prefs.mkdir()
+  for name, n, seed in (("train", 8, 0), ("heldout", 4, 1), ("train2", 8, 2), ("heldout2", 4, 3)):
+    preference.save_preferences(prefs / f"{name}.jsonl",
+                                preference.make_planted_preferences(n, seed))
+  out["prefs"] = str(prefs)
 
   import tokenizers
   from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -687,9 +703,10 @@ def probe_job(c, workdir, res):
   import rl.o1_coder.selfplay
   import rl.jobs.sft
   import rl.jobs.trainer
+  import rl.jobs.preference_jobs
   ran = []
   targets = [(rl.jobs.trainer, "run"), (rl.jobs.sft, "run"), (rl.jobs.sft_then_rl, "run_sft_then_rl"),
-             (rl.o1_coder.selfplay, "run")]
+             (rl.o1_coder.selfplay, "run"), (rl.jobs.preference_jobs, "run")]
   saved = [getattr(m, n) for m, n in targets]
   try:
     for m, n in targets:
@@ -769,6 +786,14 @@ def probe_sft(c, workdir, res):
     absl_logger.removeHandler(handler)
     absl_logger.setLevel(level)
   return [record, saved, [m for m in logs if m.startswith("sft step")]]
+
+
+def probe_preference(c, workdir, res):
+  """The metrics of a preference job (rl/jobs/preference_jobs.run): held-out metrics before and
+  after training and the last training loss (wall time left out)."""
+  from rl.jobs import preference_jobs
+  metrics = preference_jobs.run(c, str(workdir))
+  return {k: round(v, 6) for k, v in metrics.items() if not k.endswith("wall_s")}
 
 
 OBSERVE = {name[len("probe_"):]: fn for name, fn in globals().items()

@@ -60,7 +60,7 @@ def test_jsonl_round_trip_and_malformed_lines(tmp_path):
            json.dumps({"prompt": "q", "chosen": "a", "rejected": "b", "reference": 3}),
            json.dumps({"prompt": "q2", "chosen": "c", "rejected": "d", "id": 7})]
   bad.write_text("\n".join(lines) + "\n")
-  with pytest.raises(ValueError, match=re.escape(f"{bad}:3: invalid JSON")):
+  with pytest.raises(ValueError, match=re.escape(f"{bad}:3: not valid JSON")):
     preference.load_preferences(bad)
   loaded, skipped = preference.load_preferences(bad, skip_bad=True)
   assert skipped == 4

@@ -2,6 +2,7 @@
 boxed-answer check: one sampling pass reaches each rule of rl/data/selection.py and writes the
 hand-computed records, as prompt records the trainer's reader loads back."""
 
+import numpy as np
 import pytest
 
 from rl.data import sources
@@ -100,13 +101,57 @@ def test_unknown_rule_is_one_line_naming_it_before_sampling(tmp_path):
     raise AssertionError("sampled before the rule was checked")
 
   with pytest.raises(ValueError) as error:
-    select_prompts.select_prompts(records(), must_not_sample, boxed_verify, rule="pre_ppo", n=4,
-                          out_path=str(tmp_path / "x.jsonl"))
+    select_prompts.select_prompts(records(), must_not_sample, boxed_verify, rule="best_of_n",
+                                  n=4, out_path=str(tmp_path / "x.jsonl"))
   message = str(error.value)
-  assert "'pre_ppo'" in message and "\n" not in message
+  assert "'best_of_n'" in message and "\n" not in message
   assert all(rule in message for rule in select_prompts.RULES)
   assert not (tmp_path / "x.jsonl").exists()
   # The model-loading entry point checks the rule before it reads the checkpoint.
   with pytest.raises(ValueError, match="unknown selection rule 'best_of_n'"):
     select_prompts.sample_and_select(None, str(tmp_path / "no_checkpoint"), rule="best_of_n", n=4,
                              out_path=str(tmp_path / "y.jsonl"))
+
+
+# Pre-PPO: hand-computed per-domain z-scores. math 0.2..0.8: mean 0.5, std sqrt(0.05), z =
+# -1.342, -0.447, 0.447, 1.342; general 50..100: mean 75, std 17.08, z = -1.464, -0.878, ...
+PRE_PPO_SCORES = {"m0": 0.2, "m1": 0.4, "m2": 0.6, "m3": 0.8,
+                  "g0": 50.0, "g1": 60.0, "g2": 70.0, "g3": 80.0, "g4": 90.0, "g5": 100.0}
+
+
+def test_pre_ppo_keeps_the_per_domain_normalised_bottom_fraction_and_the_trainer_reads_it(
+    tmp_path):
+  """fraction 0.3 of 10 prompts keeps 3: by z-score g0, m0, g1 (raw scores would keep m0, m1,
+  m2; a bottom fraction per domain would keep m0 and g0, g1). The file holds the original set
+  and the kept prompts once more, and the trainer's loader (config.data.source=files) reads it."""
+  from rl.config.defaults import base_config
+  from rl.data.entries import load_entries
+  rows = [{"prompt": p, "domain": "math" if p[0] == "m" else "general", "answer": "1"}
+          for p in PRE_PPO_SCORES]
+
+  def scored_verify(entries, responses):
+    return [PRE_PPO_SCORES[e["prompt"]] for e in entries]
+
+  out = tmp_path / "pre_ppo.jsonl"
+  stats, outcomes = select_prompts.select_prompts(
+      rows, lambda batch, n: [["a response"] * n for _ in batch], scored_verify, rule="pre_ppo",
+      n=2, out_path=str(out), fraction=0.3)
+  assert stats["written"] == 13
+  written, _ = sources.load_records(str(out))
+  assert [r["prompt"] for r in written[10:]] == ["m0", "g0", "g1"]
+  assert all(r["pre_ppo"] for r in written[10:]) and "pre_ppo" not in written[0]
+  z = select_prompts.selection.domain_z_scores(rows, [PRE_PPO_SCORES[r["prompt"]] for r in rows])
+  np.testing.assert_allclose(z[:4], [-1.3416, -0.4472, 0.4472, 1.3416], atol=1e-4)
+  np.testing.assert_allclose(z[4:6], [-1.4639, -0.8783], atol=1e-4)
+
+  (tmp_path / "heldout.jsonl").write_text('{"prompt": "h0", "answer": "1"}\n')
+  c = base_config()
+  c.data.source, c.data.train_files = "files", str(out)
+  c.data.heldout_files, c.reward.graders = str(tmp_path / "heldout.jsonl"), "general=genrm"
+  train, _ = load_entries(c)
+  assert [e["prompt"] for e in train] == [r["prompt"] for r in written]
+
+
+def test_pre_ppo_fraction_out_of_range_fails():
+  with pytest.raises(ValueError, match=r"fraction must be in \(0, 1\], got 0"):
+    select_prompts.selection.pre_ppo_select([{"prompt": "q"}], [1.0], fraction=0)
