@@ -24,10 +24,13 @@ from typing import Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import ml_collections  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from launch import cli  # noqa: E402
+from rl.config.validation import TOKENIZERS_BUILTIN  # noqa: E402
+from rl.core import storage  # noqa: E402
 from rl.jobs.checkpoint import GS_PACKAGES  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,12 +116,42 @@ def docker_instructions(accelerator: str, repo_dir: str) -> list[str]:
   ]
 
 
+def check_mesh(config: ml_collections.ConfigDict, devices: int) -> None:
+  """config.mesh on the job's `devices` chips or GPUs, as rl/parallel/placement.py builds it:
+  the fixed axes (and DCN factors) must fit, and a -1 axis must divide what is left."""
+  if config.mesh.auto:
+    return
+  used = config.mesh.devices or devices
+  if used > devices:
+    raise ValueError(f"config.mesh.devices={used}: the job has {devices} devices")
+  ici = dict(config.mesh.shape)
+  fixed = math.prod(n for n in ici.values() if n != -1) * math.prod(config.mesh.dcn.values())
+  layout = f"config.mesh.shape={ici} dcn={dict(config.mesh.dcn)}"
+  if -1 in ici.values() and used % fixed:
+    raise ValueError(f"{layout}: {used} devices do not split into the fixed axes ({fixed})")
+  if -1 not in ici.values() and fixed != used:
+    raise ValueError(f"{layout} spans {fixed} devices; the job has {used}")
+
+
+def read_paths(config: ml_collections.ConfigDict) -> list[tuple[str, str]]:
+  """(field, path) of every file or folder the job reads at start, local ones only."""
+  fields = [("init_checkpoint", config.init_checkpoint), ("init_hf_dir", config.init_hf_dir)]
+  if config.tokenizer not in TOKENIZERS_BUILTIN:
+    fields.append(("tokenizer", config.tokenizer))
+  if config.data.source == "files":
+    if not config.data.train_files:
+      raise ValueError("config.data.train_files is empty: config.data.source='files' reads "
+                       "prompt records from it")
+    fields += [(f"data.{name}", path) for name in ("train_files", "heldout_files")
+               for path in config.data[name].split(",") if path]
+  return [(field, path) for field, path in fields if path and not storage.is_remote(path)]
+
+
 def check_job(config, accelerator: str) -> int:
   """The job's device count from `accelerator` (a TPU topology's chips, or a GPU count), checked
-  before submission as launch/gke/render.py checks a JobSet: config.mesh must span those devices,
+  before submission, as launch/gke/render.py checks a JobSet: config.mesh must span those devices,
   and every local path the job reads must be in the repository (all the image holds: XManager
   mounts no volume here). ValueError on one line naming the culprit."""
-  from launch.gke import render  # render imports this module's build_args
   resource, _, quantity = accelerator.partition("=")
   if resource.lower().startswith("tpu"):
     if not re.fullmatch(r"[1-9][0-9]*(x[1-9][0-9]*){1,2}", quantity):
@@ -129,8 +162,8 @@ def check_job(config, accelerator: str) -> int:
     devices = int(quantity or 1)
   else:
     raise ValueError(f"--accelerator={accelerator}: expected a positive GPU count, e.g. a100=8")
-  render.check_mesh(config, devices)
-  for field, path in render.read_paths(config):
+  check_mesh(config, devices)
+  for field, path in read_paths(config):
     if os.path.isabs(path) or not glob.glob(os.path.join(REPO_ROOT, path)):
       raise ValueError(f"config.{field}={path!r}: the job has the repository (its image) and "
                        "gs:// paths only; put it on gs:// or in the repository")

@@ -52,11 +52,9 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from launch import cli, logs  # noqa: E402
-from launch.xm_launch import REPO_ROOT, build_args  # noqa: E402
+from launch.xm_launch import REPO_ROOT, build_args, check_mesh, read_paths  # noqa: E402
 from models.transformer import param_counts  # noqa: E402
-from rl.core import storage  # noqa: E402
 from rl.core.policy import model_config  # noqa: E402
-from rl.config.validation import TOKENIZERS_BUILTIN  # noqa: E402
 from rl.data import EVAL_DIR  # noqa: E402
 
 TEMPLATE_VARIABLE = re.compile(r"\$\{([A-Z][A-Z0-9_]*)\}")
@@ -160,42 +158,11 @@ def check_accelerators(values: Mapping[str, str], names: Sequence[str]) -> int:
   return _positive(values, "NODES") * _positive(values, "GPUS_PER_NODE")
 
 
-def check_mesh(config: ml_collections.ConfigDict, devices: int) -> None:
-  """config.mesh on the job's `devices` chips or GPUs, as rl/parallel/placement.py builds it:
-  the fixed axes (and DCN factors) must fit, and a -1 axis must divide what is left."""
-  if config.mesh.auto:
-    return
-  used = config.mesh.devices or devices
-  if used > devices:
-    raise ValueError(f"config.mesh.devices={used}: the job has {devices} devices")
-  ici = dict(config.mesh.shape)
-  fixed = math.prod(n for n in ici.values() if n != -1) * math.prod(config.mesh.dcn.values())
-  layout = f"config.mesh.shape={ici} dcn={dict(config.mesh.dcn)}"
-  if -1 in ici.values() and used % fixed:
-    raise ValueError(f"{layout}: {used} devices do not split into the fixed axes ({fixed})")
-  if -1 not in ici.values() and fixed != used:
-    raise ValueError(f"{layout} spans {fixed} devices; the job has {used}")
-
-
 def grace_seconds(config: ml_collections.ConfigDict, hosts: int) -> int:
   """terminationGracePeriodSeconds for the job (see the constants above)."""
   state_bytes = param_counts(model_config(config))["total"] * STATE_BYTES_PER_PARAM
   save_s = math.ceil(state_bytes / hosts / SAVE_BYTES_PER_S_PER_HOST)
   return FIRST_COMPILE_S + save_s + GRACE_MARGIN_S
-
-
-def read_paths(config: ml_collections.ConfigDict) -> list[tuple[str, str]]:
-  """(field, path) of every file or folder the job reads at start, local ones only."""
-  fields = [("init_checkpoint", config.init_checkpoint), ("init_hf_dir", config.init_hf_dir)]
-  if config.tokenizer not in TOKENIZERS_BUILTIN:
-    fields.append(("tokenizer", config.tokenizer))
-  if config.data.source == "files":
-    if not config.data.train_files:
-      raise ValueError("config.data.train_files is empty: config.data.source='files' reads "
-                       "prompt records from it")
-    fields += [(f"data.{name}", path) for name in ("train_files", "heldout_files")
-               for path in config.data[name].split(",") if path]
-  return [(field, path) for field, path in fields if path and not storage.is_remote(path)]
 
 
 def mount_paths(pod: dict, paths: Sequence[tuple[str, str]], claim: str | None) -> None:
