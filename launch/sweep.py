@@ -25,7 +25,7 @@ Then, and alone with --report_only, from the finished runs' metrics.jsonl (the R
 <root>/sweep.md, a table with one row per grid point (the final held-out accuracy's mean and
 min-max over seeds, the seeds counted), <root>/sweep.json with the same and the per-seed values,
 and accuracy_vs_step.png, accuracy_vs_time.png (the RL stage's wall time, resumed legs added
-up) and entropy_vs_step.png (the policy's token entropy during the updates): the mean over
+up; each evaluation at the seeds' mean time) and entropy_vs_step.png (the policy's token entropy during the updates): the mean over
 seeds as a line, min-max as a band. A "sft_rl" run's curves start at step 0 with the SFT
 checkpoint's held-out accuracy.
 """
@@ -294,9 +294,9 @@ def summarise(runs: list[Run]) -> list[dict]:
           wall_s=_spread([c["wall_s"] for c in curves]),
           acc_vs_step=_band([{s: a for s, (a, _) in c["acc"].items()} for c in curves]),
           entropy_vs_step=_band([c["entropy"] for c in curves]))
-      acc_time = _band([{s: a for s, (a, _) in c["acc"].items()} for c in curves])
+      # Against time, each evaluation sits at the seeds' mean wall time when it was taken.
       wall = _band([{s: t for s, (_, t) in c["acc"].items()} for c in curves])
-      entry["acc_vs_time"] = {**acc_time, "x": wall["mean"]}
+      entry["acc_vs_time"] = {**entry["acc_vs_step"], "x": wall["mean"]}
     points.append(entry)
   return points
 
