@@ -433,6 +433,7 @@ class Trainer:
           logging.info("compiling the held-out evaluation (first evaluation)...")
           evaluated = True
         last["heldout_acc"] = self.evaluate()
+      last["wall_s"] = self.wall_s()  # the whole run's, earlier legs included
       self.writer.write(step + 1, last)
       if (step + 1) % c.train.log_every == 0:
         critic = ("" if "explained_variance" not in last else
