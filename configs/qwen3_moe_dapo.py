@@ -29,6 +29,9 @@ def get_config(arg: str = ""):
   # Compiled, not run (docs/performance.md, 2026-11-27): all 48 layers on v5p:2x2x4, the
   # update takes 84.3 GiB per chip, the rollout 59.9 GiB (HBM 95 GiB). Remat "full" keeps
   # each layer's input; the scan recomputes one layer at a time in the backward pass.
+  # Dropless: the compiler counts the expert FFN over the whole worst-case receive buffer (13.6x
+  # the model's FLOPs unrolled at 4 layers, 2.96x with --config.model.moe_capacity_factor=1.25;
+  # docs/performance.md). Whether the TPU skips the empty rows at run time is not measured.
   c.model.remat = "full"
   # 16 chips: experts over 8, FSDP over 2; a micro-batch holds one sequence per row shard.
   c.mesh.shape.update(data=1, fsdp=2, expert=8, tensor=1)
