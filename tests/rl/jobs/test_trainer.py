@@ -145,9 +145,9 @@ def test_select_prompts_launcher_writes_the_worst_of_n_prompts_the_trainer_reads
   assert [(e["prompt"], e["answer"]) for e in train] == [
       (r["prompt"], r["answer"]) for r in expected]
   bad = subprocess.run([sys.executable, os.path.join(root, "launch", "select_prompts.py"),
-                        "--rule=pre_ppo"], capture_output=True, text=True, env=env, timeout=600,
+                        "--rule=best_of_n"], capture_output=True, text=True, env=env, timeout=600,
                        cwd=root)
-  assert bad.returncode != 0 and "flag --rule=pre_ppo: value should be one of" in bad.stderr
+  assert bad.returncode != 0 and "flag --rule=best_of_n: value should be one of" in bad.stderr
 
 
 @pytest.mark.parametrize("algorithm", ["dapo", "vapo", "grpo_v32"])
