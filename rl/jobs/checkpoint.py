@@ -22,7 +22,7 @@ import json
 import os
 import signal
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import ml_collections
@@ -149,6 +149,27 @@ class Checkpointer:
 
 
 # ======================================================================== Run config
+
+def open_stage(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
+               save_every: int, allow_config_change: bool, final_key: str,
+               what: str) -> tuple[epath.Path, Checkpointer, dict[str, float] | None]:
+  """A training stage's workdir and Checkpointer, its run config recorded (save_run_config),
+  and, when the latest checkpoint holds `final_key` (only a stage's final checkpoint does), its
+  metrics under that key's prefix: the stage is done and is not rerun (None otherwise)."""
+  workdir = workdir_path(workdir)
+  ckpt = Checkpointer(workdir / "checkpoints", keep=config.train.keep_checkpoints,
+                      save_every=save_every)
+  latest = ckpt.latest_step()
+  save_run_config(workdir, config, step=latest, allow_change=allow_config_change)
+  if latest is not None:
+    record = ckpt.record(latest)
+    if final_key in record:
+      logging.info("%s already done: %s step %d", what, ckpt.directory, latest)
+      ckpt.close()
+      prefix = final_key.split("/")[0] + "/"
+      return workdir, ckpt, {k: v for k, v in record.items() if k.startswith(prefix)}
+  return workdir, ckpt, None
+
 
 def _param_shapes(model: dict) -> dict[str, tuple]:
   """{parameter path: shape} of the policy a config.model section builds (abstractly)."""
@@ -365,3 +386,17 @@ class PreemptionGuard:
       from jax.experimental import multihost_utils
       stop = bool(np.any(multihost_utils.process_allgather(np.int32(stop))))
     return stop
+
+  def stop_if_requested(self, what: str, step: int, total: int, save: Callable[..., Any],
+                        checkpointer: Checkpointer, writer: MetricsWriter) -> None:
+    """At the boundary after `step` (not the last): when a stop was requested, saves that
+    step's checkpoint (`save(step, force=True)`), closes the checkpointer and the metrics
+    writer and raises Preempted naming `what` ("SFT", a job's name, "" for RL)."""
+    if not self.requested():
+      return
+    save(step, force=True)
+    checkpointer.close()
+    writer.close()
+    raise Preempted(f"{what + ' ' if what else ''}stopped by {self.received or 'another process'}"
+                    f" after step {step}/{total}; checkpoint saved in {checkpointer.directory}: "
+                    "rerun the same command to resume")

@@ -35,8 +35,7 @@ from rl.config.validation import PREFERENCE_HEADS, check_paths, validate
 from rl.core.checks import InputError
 from rl.core.policy import build_policy
 from rl.jobs import evaluation, preference
-from rl.jobs.checkpoint import Checkpointer, MetricsWriter, PreemptionGuard, Preempted
-from rl.jobs.checkpoint import save_run_config, workdir_path
+from rl.jobs.checkpoint import MetricsWriter, PreemptionGuard, open_stage
 from rl.jobs.progress import Progress
 from rl.rewards.genrm import split_model
 
@@ -92,17 +91,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     raise InputError(f"config.job={c.job!r}: not a preference job ({', '.join(PREFERENCE_HEADS)})")
   check_paths(c)
   s, name = c.sft, c.job
-  workdir = workdir_path(workdir)
-  ckpt = Checkpointer(workdir / "checkpoints", keep=c.train.keep_checkpoints,
-                      save_every=s.checkpoint_every)
-  latest = ckpt.latest_step()
-  save_run_config(workdir, c, step=latest, allow_change=allow_config_change)
-  if latest is not None:
-    record = ckpt.record(latest)
-    if f"{name}/heldout_accuracy" in record:  # only the final checkpoint holds it
-      logging.info("%s job already done: %s step %d", name, ckpt.directory, latest)
-      ckpt.close()
-      return {k: v for k, v in record.items() if k.startswith(f"{name}/")}
+  workdir, ckpt, done = open_stage(c, workdir, save_every=s.checkpoint_every,
+                                   allow_config_change=allow_config_change,
+                                   final_key=f"{name}/heldout_accuracy", what=f"{name} job")
+  if done is not None:
+    return done
   tokenizer = load_tokenizer(c.tokenizer)
   train, heldout = load_pairs(c, "train_files"), load_pairs(c, "heldout_files")
   model = initial_model(c)
@@ -156,13 +149,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
           writer.write(step, row)
       if step < total:  # the last step's checkpoint is the final one, with its metrics
         save(step)
-        if preemption.requested():
-          save(step, force=True)
-          ckpt.close()
-          writer.close()
-          raise Preempted(f"{name} stopped by {preemption.received or 'another process'} "
-                          f"after step {step}/{total}; checkpoint saved in {ckpt.directory}: "
-                          "rerun the same command to resume")
+        preemption.stop_if_requested(name, step, total, save, ckpt, writer)
   final = {f"{name}/{k}": v for k, v in task.heldout(params).items()}
   logging.info("%s done: held-out accuracy %.3f -> %.3f", name,
                metrics[f"{name}/heldout_accuracy_start"], final[f"{name}/heldout_accuracy"])

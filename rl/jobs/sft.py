@@ -39,8 +39,7 @@ from models.tokenizer import load_tokenizer, pad_batch
 from rl.core.policy import build_policy, model_config
 from rl.config.validation import check_paths, validate
 from rl.core import train_step as ts
-from rl.jobs.checkpoint import Checkpointer, MetricsWriter, PreemptionGuard, Preempted
-from rl.jobs.checkpoint import save_run_config, workdir_path
+from rl.jobs.checkpoint import MetricsWriter, PreemptionGuard, open_stage
 from rl.jobs.progress import Progress
 from rl.parallel.placement import Placement
 from rl.data.entries import encode_prompts, load_entries
@@ -165,17 +164,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   validate(c)
   check_paths(c)
   s = c.sft
-  workdir = workdir_path(workdir)
-  ckpt = Checkpointer(workdir / "checkpoints", keep=c.train.keep_checkpoints,
-                      save_every=s.checkpoint_every)
-  latest = ckpt.latest_step()
-  save_run_config(workdir, c, step=latest, allow_change=allow_config_change)
-  if latest is not None:
-    record = ckpt.record(latest)
-    if "sft/eval_loss" in record:  # only the final checkpoint holds it
-      logging.info("SFT stage already done: %s step %d", ckpt.directory, latest)
-      ckpt.close()
-      return {k: v for k, v in record.items() if k.startswith("sft/")}
+  workdir, ckpt, done = open_stage(c, workdir, save_every=s.checkpoint_every,
+                                   allow_config_change=allow_config_change,
+                                   final_key="sft/eval_loss", what="SFT stage")
+  if done is not None:
+    return done
   tokenizer = load_tokenizer(c.tokenizer)
   entries, heldout = load_entries(c, tokenizer)
   if s.carry_slip_rate:
@@ -346,13 +339,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
             writer.write(step, row)
         if step < total:  # the last step's checkpoint is the final one, with its metrics
           save(step)
-          if preemption.requested():
-            save(step, force=True)
-            ckpt.close()
-            writer.close()
-            raise Preempted(f"SFT stopped by {preemption.received or 'another process'} after "
-                            f"step {step}/{total}; checkpoint saved in {ckpt.directory}: rerun "
-                            "the same command to resume")
+          preemption.stop_if_requested("SFT", step, total, save, ckpt, writer)
   final = {"sft/eval_loss": eval_loss(params, rest), "sft/train_loss": float(loss)}
   logging.info("SFT done: eval loss %.4f -> %.4f", metrics["sft/eval_loss_start"],
                final["sft/eval_loss"])

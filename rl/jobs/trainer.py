@@ -34,7 +34,7 @@ from rl.data.templates import prompt_of
 from rl.jobs import batch as batch_lib
 from rl.jobs import rl_setup
 from rl.jobs.batch import concat_trajectories, score_trajectories, take_rows
-from rl.jobs.checkpoint import Checkpointer, MetricsWriter, PreemptionGuard, Preempted
+from rl.jobs.checkpoint import Checkpointer, MetricsWriter, PreemptionGuard
 from rl.jobs.checkpoint import save_run_config, workdir_path
 from rl.jobs.progress import Progress
 from rl.rewards.shaping import place_on_last_token
@@ -445,13 +445,9 @@ class Trainer:
                      last["acc"], last["response_len_mean"],
                      last["tokens_per_s"], critic, progress.suffix(step + 1))
       self.save(step + 1)
-      if step + 1 < c.train.steps and preemption.requested():
-        self.save(step + 1, force=True)
-        self.checkpointer.close()
-        self.writer.close()
-        raise Preempted(f"stopped by {preemption.received or 'another process'} after step "
-                        f"{step + 1}/{c.train.steps}; checkpoint saved in "
-                        f"{self.checkpointer.directory}: rerun the same command to resume")
+      if step + 1 < c.train.steps:
+        preemption.stop_if_requested("", step + 1, c.train.steps, self.save, self.checkpointer,
+                                     self.writer)
     self.save(c.train.steps, force=True)
     self.checkpointer.close()
     self.writer.close()
