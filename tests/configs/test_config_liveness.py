@@ -760,7 +760,7 @@ def lowering_jit(record: list):
 def probe_sft(c, workdir, res):
   """rl/sft.run with its jitted steps lowered, not run: the programs (per DSA stage), batches,
   checkpoint steps and log lines."""
-  from rl.jobs import sft
+  from rl.jobs import checkpoint, sft
   from rl.jobs.checkpoint import Checkpointer
   record, saved, logs = [], [], []
 
@@ -776,13 +776,13 @@ def probe_sft(c, workdir, res):
   absl_logger.addHandler(handler)
   level = absl_logger.level
   absl_logger.setLevel(std_logging.INFO)
-  real_ckpt = sft.Checkpointer
-  sft.Checkpointer = TinyCheckpointer
+  real_ckpt = checkpoint.Checkpointer  # what checkpoint.open_stage builds for sft.run
+  checkpoint.Checkpointer = TinyCheckpointer
   try:
     with lowering_jit(record):
       sft.run(c, str(workdir))
   finally:
-    sft.Checkpointer = real_ckpt
+    checkpoint.Checkpointer = real_ckpt
     absl_logger.removeHandler(handler)
     absl_logger.setLevel(level)
   return [record, saved, [m for m in logs if m.startswith("sft step")]]
