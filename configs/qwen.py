@@ -53,4 +53,13 @@ def math_rl_on_one_gpu_host(c: ml_collections.ConfigDict, *, size: str,
   c.mesh.shape.update(data=1, fsdp=8 // tensor, tensor=tensor)
   mini_batch = c.train.prompts_per_step * c.train.samples_per_prompt // c.train.mini_batches
   c.train.micro_batches = mini_batch // (8 // tensor)
+  # Continuous batching over 512 decode slots (128 or 256 per batch shard), refilled 128
+  # sequences (about 9 prompts, each prefilled once for its 16 samples) at a time: the
+  # rollout's KV cache is 7 GiB (1.5B) or 14 GiB (7B) per GPU (the dry run's analytic
+  # figure), a quarter of all 2048 sequences' at once.
+  c.rollout.update(batch_size=512, prefill_batch=128)
+  # Layers unrolled, not scanned: without remat a scan stacks every residual of its body, and
+  # the 1.5B update took 55.91 GiB per v5p chip scanned against 25.67 GiB unrolled (libtpu
+  # ahead of time on v5p:2x2x2, 2026-11-27, docs/performance.md).
+  c.model.scan_layers = False
   return c

@@ -78,17 +78,19 @@ def compile_update(config, mesh, graphdef, state, rest_values, state_shardings, 
 
 def rollout_shape(config, prompt_len: int) -> dict[str, int]:
   """The rollout engine call the dry run compiles: one step's prompts x samples, each a prompt
-  (rounded up to the bucket) plus all of max_new_tokens; with streaming rollouts
-  (rl/rollout/streaming.py) the last round of a longest sequence: everything but round_tokens already
-  in the context, round_tokens more."""
+  (rounded up to the bucket) plus all of max_new_tokens, each prompt prefilled once for its
+  samples (group_size); with streaming rollouts (rl/rollout/streaming.py) the last round of a
+  longest sequence: everything but round_tokens already in the context, round_tokens more, and
+  no shared prefill (a group's responses differ by then)."""
   r = config.rollout
   sequences = config.train.prompts_per_step * config.train.samples_per_prompt
   if r.streaming.enabled:
     round_tokens = min(r.streaming.round_tokens, r.max_new_tokens)
     context = round_up(prompt_len + r.max_new_tokens - round_tokens, r.prompt_bucket)
-    return dict(sequences=sequences, prompt_width=context, new_tokens=round_tokens)
+    return dict(sequences=sequences, prompt_width=context, new_tokens=round_tokens,
+                group_size=1)
   return dict(sequences=sequences, prompt_width=round_up(prompt_len, r.prompt_bucket),
-              new_tokens=r.max_new_tokens)
+              new_tokens=r.max_new_tokens, group_size=config.train.samples_per_prompt)
 
 
 def compile_rollout(config, mesh, graphdef, model_state, shape: dict[str, int]

@@ -39,6 +39,7 @@ from rl.core.policy import model_config
 from rl.config.validation import validate
 from rl.parallel import placement as placement_lib
 from rl.core import train_step as ts
+from rl.core import batching as batching_lib
 
 GiB = 2**30
 
@@ -242,6 +243,23 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   out["total_bytes_per_device"] = (out["static_bytes_per_device"]
                                    + out["activation_bytes_per_device"]
                                    + out["batch_bytes_per_device"])
+  # The rollout engine's call for one step (aot.rollout_shape), its slots and refills as the
+  # engine batches them, beside the training state that stays on the devices.
+  shape = aot.rollout_shape(config, prompt_len)
+  row_shards = _axis_factor(sharding_lib.logical_to_spec(("batch",), (mesh.size,), mesh), mesh)
+  batching = batching_lib.batching(config.rollout.batch_size, config.rollout.prefill_batch,
+                                   shape["sequences"], group_size=shape["group_size"],
+                                   row_shards=row_shards)
+  rollout = memory.rollout_bytes(
+      cfg, sequences=shape["sequences"], slots=batching["slots"],
+      prefill_rows=batching["refill_contexts"], prompt_width=shape["prompt_width"],
+      new_tokens=shape["new_tokens"], row_shards=row_shards, tensor=tensor,
+      expert=dict(mesh.shape)["expert"], kept_ids=placement_lib.workload(config).kept_ids,
+      keep_routing=bool(config.rl.keep_routing), kernel_backend=backend)
+  out.update(rollout_shape=shape, rollout_batching=batching, rollout_analytic=rollout,
+             rollout_total_bytes_per_device=(
+                 out["static_bytes_per_device"] - out["gradient_bytes_per_device"]
+                 + rollout["total"]))
   out["compiled"] = out["compiled_rollout"] = None
   out["device_spec"] = planner.spec_of(devices[0])
   if concrete and compile_step is not False:
@@ -258,7 +276,6 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
     out["compiled"] = aot.compile_update(config, mesh, graphdef, state, rest_values,
                                           state_shardings, optimizer, batch, batch_shardings)
     if compile_rollout:
-      out["rollout_shape"] = aot.rollout_shape(config, prompt_len)
       out["compiled_rollout"] = aot.compile_rollout(
           config, mesh, graphdef, nnx.merge_state(param_values, rest_values),
           out["rollout_shape"])
@@ -310,6 +327,17 @@ def _compiled_lines(label: str, what: str, c: dict[str, float], r: dict[str, Any
   return lines
 
 
+def _rollout_line(r: dict[str, Any]) -> str:
+  a, b, shape = r["rollout_analytic"], r["rollout_batching"], r["rollout_shape"]
+  how = (f"{b['slots']} slots refilled {b['refill_rows']} rows at a time"
+         if b["padded"] > b["slots"] else "every sequence at once (static batching)")
+  return (f"rollout     ~{_gib(r['rollout_total_bytes_per_device'])}/device (analytic: the state "
+          f"above less gradients + KV cache {_gib(a['kv_cache'])} + records "
+          f"{_gib(a['records'])} + prefill {_gib(a['prefill'])} + logits {_gib(a['logits'])}; "
+          f"{shape['sequences']} sequences, {how}, {b['refill_contexts']} prompt(s) of "
+          f"{shape['prompt_width']} tokens per prefill, {shape['new_tokens']} new tokens)")
+
+
 def format_report(r: dict[str, Any]) -> list[str]:
   """The dry run's printed lines."""
   mesh = " ".join(f"{k}={v}" for k, v in r["mesh_shape"].items())
@@ -341,9 +369,10 @@ def format_report(r: dict[str, Any]) -> list[str]:
       f"{r['tokens_per_device']:.0f} tokens/device x "
       f"{r['activation_bytes_per_token'] / 2**20:.2f} MiB)",
       f"total       ~{_gib(r['total_bytes_per_device'])}/device for the policy update "
-      "(analytic; the rollout's KV cache comes on top)",
+      "(analytic)",
       f"kv cache    {_gib(r['kv_cache_bytes_per_sequence'])} per sequence of "
       f"{r['sequence_length']} tokens",
+      _rollout_line(r),
   ]
   if r["host_bytes_per_device"]:
     what = "activations and optimiser state" if r["offload_optimizer"] else "activations"

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from models import cache as cache_lib
 from models import remat as remat_lib
 from models.config import ModelConfig
 from models.transformer import ShapeOnlyRngs, Transformer
@@ -97,6 +98,41 @@ def exchange_bytes_per_token(cfg: ModelConfig, expert: int, tensor: int = 1) -> 
   received = k * (cfg.moe_capacity_factor or expert)
   rows = 2 * k * d + 2 * received * d + 3 * received * cfg.moe_mlp_dim / tensor
   return 2 * b * rows
+
+
+def rollout_bytes(cfg: ModelConfig, *, sequences: int, slots: int, prefill_rows: int,
+                  prompt_width: int, new_tokens: int, row_shards: int = 1, tensor: int = 1,
+                  expert: int = 1, kept_ids: int = 0, keep_routing: bool = False,
+                  kernel_backend: str = "tpu") -> dict[str, float]:
+  """Analytic bytes per device of one rollout engine call (rl/rollout/engine.py) beside the
+  parameters and training state. Slots, sequences and prefill rows are split over `row_shards`
+  (the mesh's batch axes), GQA's KV heads over `tensor`:
+
+    kv_cache  the slots' KV cache at full width (prompt + new tokens)
+    records   every sequence's outputs over its full width: token id and log-prob (4 bytes
+              each), the kept ids and the routing when recorded
+    prefill   one refill: its contexts' KV cache at prompt width (before the copy into the
+              slots) and one layer's activations at a time over their tokens (inference: no
+              layer keeps anything for a backward pass)
+    logits    the fp32 last-position logits of the slots and of the prefill rows
+  """
+  per = lambda n: -(-n // row_shards)  # noqa: E731
+  kv_split = tensor if cfg.attention == "gqa" else 1
+  width = prompt_width + new_tokens
+  record = 8 + 4 * kept_ids + (4 * cfg.n_moe_layers * cfg.n_experts_per_tok
+                               if keep_routing and cfg.is_moe else 0)
+  layer = (max(_layer_activation_bytes(cfg, i, prompt_width, tensor, kernel_backend,
+                                       "full")["all"] for i in range(cfg.n_layers))
+           + exchange_bytes_per_token(cfg, expert, tensor) / 2)  # no gradients
+  out = {
+      "kv_cache": per(slots) * cache_lib.cache_bytes(cfg, 1, width) / kv_split,
+      "records": per(sequences) * width * record,
+      "prefill": per(prefill_rows) * (cache_lib.cache_bytes(cfg, 1, prompt_width) / kv_split
+                                      + prompt_width * layer),
+      "logits": 4 * cfg.vocab_size / tensor * (per(slots) + per(prefill_rows)),
+  }
+  out["total"] = sum(out.values())
+  return out
 
 
 def offloaded_activation_bytes_per_token(cfg: ModelConfig, length: int, *, tensor: int = 1,

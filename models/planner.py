@@ -9,8 +9,9 @@ estimates per device:
           reference and the critic, exactly from the parameters' partition specs under the
           logical-axis rules of models/sharding.py; activations of one micro-batch from
           models/memory.py `activation_bytes_per_token` (remat-aware); the batch; and, for the
-          rollout that shares the devices, the KV cache of the step's sequences next to the
-          resident parameters and optimiser state. A plan fits when the larger of the update's
+          rollout that shares the devices, models/memory.py `rollout_bytes` (the slots' KV
+          cache, the sequences' records, one refill's prefill) next to the resident
+          parameters and optimiser state. A plan fits when the larger of the update's
           and the rollout's peak is within `USABLE_HBM_FRACTION` of the device's HBM.
   time    one RL step's policy updates (all mini-batches and micro-batches) as a roofline:
           FLOPs from models/flops.py (plus the recomputed forward of the remat policy) over
@@ -40,7 +41,6 @@ import jax
 import numpy as np
 import optax
 
-from models import cache as cache_lib
 from models import flops as flops_lib
 from models import memory
 from models import sharding as sharding_lib
@@ -118,11 +118,14 @@ class Workload:
   micro_batches: int
   rollout_length: int  # KV-cache length of a rollout sequence
   rollout_sequences: int  # sequences decoded at once (their KV caches live together)
+  prompt_len: int  # the rollout's prompt width (the rest of rollout_length is new tokens)
+  prefill_rows: int  # distinct prompts one refill prefills (a prompt's samples share one)
   reference: bool  # a frozen KL reference copy of the policy
   critic: bool  # a value model beside the policy
   kernel_backend: str = "tpu"
   offload_optimizer: bool = False
   kept_ids: int = 0  # int32 kept ids recorded per sampled token (keep-sampling-mask; 0: none)
+  keep_routing: bool = False  # the rollout records every token's experts
 
   @property
   def micro_rows(self) -> int:
@@ -182,11 +185,6 @@ class _Model:
       spec = sharding_lib.logical_to_spec(leaf.axes, leaf.shape, mesh)
       total += math.prod(leaf.shape) * leaf.itemsize * leaf.count / _spec_factor(spec, mesh)
     return total
-
-
-@functools.lru_cache(maxsize=64)
-def _kv_bytes_per_sequence(cfg: ModelConfig, length: int) -> int:
-  return cache_lib.cache_bytes(cfg, 1, length)
 
 
 @functools.lru_cache(maxsize=64)
@@ -301,16 +299,18 @@ def estimate(cfg: ModelConfig, work: Workload, mesh: dict[str, int], device: Dev
   optimizer_device = 0.0 if work.offload_optimizer else optimizer
   update_peak = (params + optimizer_device + gradients + reference + critic + activations
                  + batch)
-  rollout_rows = work.rollout_sequences / math.prod(sizes[a] for a in batch_axes)
-  kv_heads_split = sizes["tensor"] if cfg.attention == "gqa" else 1
-  kv_cache = _kv_bytes_per_sequence(cfg, work.rollout_length) * rollout_rows / kv_heads_split
-  # The engine records the kept ids of every sequence of the step, rows split like the batch.
-  kept_record = (4 * work.kept_ids * work.rollout_length * work.sequences
-                 / math.prod(sizes[a] for a in batch_axes))
-  rollout_peak = params + optimizer_device + reference + critic + kv_cache + kept_record
+  rollout = memory.rollout_bytes(
+      cfg, sequences=work.sequences, slots=work.rollout_sequences,
+      prefill_rows=work.prefill_rows, prompt_width=work.prompt_len,
+      new_tokens=work.rollout_length - work.prompt_len,
+      row_shards=math.prod(sizes[a] for a in batch_axes), tensor=sizes["tensor"],
+      expert=sizes["expert"], kept_ids=work.kept_ids, keep_routing=work.keep_routing,
+      kernel_backend=work.kernel_backend)
+  rollout_peak = params + optimizer_device + reference + critic + rollout["total"]
   mem = dict(params=params, optimizer=optimizer_device, gradients=gradients,
                 reference=reference, critic=critic, activations=activations, batch=batch,
-                kv_cache=kv_cache, kept_record=kept_record, update=update_peak,
+                kv_cache=rollout["kv_cache"], rollout_records=rollout["records"],
+                prefill=rollout["prefill"], update=update_peak,
                 rollout=rollout_peak,
                 peak=max(update_peak, rollout_peak),
                 host=host_per_token * tokens + (optimizer if work.offload_optimizer else 0.0))

@@ -38,6 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from models import memory, planner
 from models import remat as remat_lib
 from models import sharding as sharding_lib
+from rl.core.batching import batching
 from rl.core.checks import InputError, allowed
 from rl.core.policy import model_config
 from rl.core.sampling import kept_ids_width
@@ -87,7 +88,7 @@ def check_devices(mesh: ml_collections.ConfigDict) -> None:
 def workload(config, *, prompt_len: int | None = None) -> planner.Workload:
   """The planner's Workload of a run config (the sequence length launch/dry_run.py assumes);
   the rollout decodes all of a step's sequences at once unless config.rollout.batch_size says
-  less, and records `kept_ids` ids per token with keep-sampling-mask (rl/core/sampling.py
+  less, prefills each prompt once for its samples, and records `kept_ids` ids per token with keep-sampling-mask (rl/core/sampling.py
   kept_ids_width: the batch field's width)."""
   cfg = model_config(config)
   if prompt_len is None:
@@ -96,10 +97,15 @@ def workload(config, *, prompt_len: int | None = None) -> planner.Workload:
   backend = config.kernel_backend
   rl, r = config.rl, config.rollout
   sequences = config.train.prompts_per_step * config.train.samples_per_prompt
+  # Streaming rounds continue partial responses: no shared prefill (aot.rollout_shape).
+  group = 1 if config.rollout.streaming.enabled else config.train.samples_per_prompt
+  b = batching(config.rollout.batch_size, config.rollout.prefill_batch, sequences,
+               group_size=group)
   return planner.Workload(
       sequences=sequences, length=length, mini_batches=config.train.mini_batches,
       micro_batches=config.train.micro_batches, rollout_length=length,
-      rollout_sequences=min(config.rollout.batch_size or sequences, sequences),
+      rollout_sequences=b["slots"], prompt_len=prompt_len,
+      prefill_rows=b["refill_contexts"], keep_routing=bool(rl.keep_routing),
       reference=bool(rl.kl_coef or rl.kl_coef_per_domain), critic=bool(rl.use_critic),
       kernel_backend=backend if backend in ("reference", "interpret") else "compiled",
       offload_optimizer=bool(config.optim.offload_state),

@@ -51,6 +51,7 @@ from models import sharding as sharding_lib
 from models.padding import round_up
 from rl.rollout import fp8
 from rl.core import sampling
+from rl.core.batching import batching
 
 _TRACES: collections.Counter = collections.Counter()
 
@@ -129,6 +130,11 @@ class _EngineSpec:
 
   slots: int
   refill_rows: int
+  # Consecutive sequences [g*G, (g+1)*G) share one context (a group's samples of one prompt):
+  # a refill prefills each context once and copies its KV rows and last logits to the group's
+  # slots. refill_contexts: contexts one refill can touch (static: refill_rows / G).
+  group: int
+  refill_contexts: int
   new_tokens: int  # M: response tokens one call may add to a sequence
   temperature: float
   top_p: float
@@ -225,19 +231,30 @@ def _engine_fn(graphdef, spec: _EngineSpec):
       valid = (slot_idx < slots) & (seq < n_real)
       slot_idx = jnp.where(valid, slot_idx, slots)
       seq_safe = jnp.where(valid, seq, 0)
-      lens = jnp.where(valid, context_lens[seq_safe], 1)
-      out = model.forward(context_ids[seq_safe], cache=init_cache(rows, prompt_width),
+      # Shared prefill: the distinct contexts of these rows (their groups' first sequences)
+      # are prefilled once each, and every row takes its context's KV rows and logits.
+      first = c["queue"] // spec.group
+      context_seq = (first + jnp.arange(spec.refill_contexts, dtype=jnp.int32)) * spec.group
+      context_seq = jnp.where(context_seq < n_real, context_seq, 0)
+      lens = context_lens[context_seq]
+      out = model.forward(context_ids[context_seq],
+                          cache=init_cache(spec.refill_contexts, prompt_width),
                           num_new=lens, head_at=lens - 1)
-      last_logits = out.logits[:, 0]
+      prefilled, last_logits, routing = out.cache, out.logits[:, 0], out.routing
+      if spec.group > 1:
+        local = jnp.clip(seq_safe // spec.group - first, 0, spec.refill_contexts - 1)
+        prefilled = jax.tree.map(lambda x: x[local], prefilled)
+        last_logits = last_logits[local]
+        routing = routing[local] if record_routing else routing
       c = dict(c)
-      c["cache"] = _scatter_cache_rows(c["cache"], out.cache, slot_idx)
+      c["cache"] = _scatter_cache_rows(c["cache"], prefilled, slot_idx)
       c["slot_seq"] = c["slot_seq"].at[slot_idx].set(seq, mode="drop")
       c["slot_count"] = c["slot_count"].at[slot_idx].set(generated_before[seq_safe], mode="drop")
       c["slot_new"] = c["slot_new"].at[slot_idx].set(0, mode="drop")
       c["slot_logits"] = c["slot_logits"].at[slot_idx].set(last_logits, mode="drop")
       if record_routing:
         seq_rows = jnp.where(valid, seq, free)
-        c["routing"] = c["routing"].at[seq_rows, :prompt_width].set(out.routing, mode="drop")
+        c["routing"] = c["routing"].at[seq_rows, :prompt_width].set(routing, mode="drop")
       c["queue"] = c["queue"] + jnp.sum(valid.astype(jnp.int32))
       c["prefills"] = c["prefills"] + 1
       return c
@@ -346,32 +363,31 @@ def _slot_multiple(row_sharding: NamedSharding | None) -> int:
 
 
 def _engine_spec(cfg: RolloutConfig, n: int, new_tokens: int, rows: int | None,
-                 mesh) -> tuple[_EngineSpec, int]:
-  """The compiled engine's static spec for n sequences, and the padded sequence count."""
+                 mesh, group: int = 1) -> tuple[_EngineSpec, int]:
+  """The compiled engine's static spec for n sequences in groups of `group` sharing a context,
+  and the padded sequence count."""
   row_sharding = _row_sharding(mesh)
-  slots = round_up(cfg.batch_size or n, _slot_multiple(row_sharding))
-  n_padded = round_up(max(n, slots, rows or 0), slots)
-  # Static batching prefills every prompt in one call; continuous batching refills a few
-  # slots at a time (the first fill then takes slots / R calls of the same compiled prefill).
-  refill_rows = slots if n_padded <= slots else min(slots, cfg.prefill_batch
-                                                     or max(1, slots // 4))
+  b = batching(cfg.batch_size, cfg.prefill_batch, n, group_size=group,
+               row_shards=_slot_multiple(row_sharding), rows=rows)
   spec = _EngineSpec(
-      slots=slots, refill_rows=refill_rows, new_tokens=new_tokens,
+      slots=b["slots"], refill_rows=b["refill_rows"], group=group,
+      refill_contexts=b["refill_contexts"], new_tokens=new_tokens,
       temperature=float(cfg.temperature), top_p=float(cfg.top_p), top_k=int(cfg.top_k),
       greedy=bool(cfg.greedy), keep_sampling_mask=cfg.keep_sampling_mask,
-      max_kept_ids=int(cfg.max_kept_ids), keep_routing=cfg.keep_routing, vocab_limit=cfg.vocab_limit, pad_id=int(cfg.pad_id),
-      row_sharding=row_sharding)
-  return spec, n_padded
+      max_kept_ids=int(cfg.max_kept_ids), keep_routing=cfg.keep_routing,
+      vocab_limit=cfg.vocab_limit, pad_id=int(cfg.pad_id), row_sharding=row_sharding)
+  return spec, b["padded"]
 
 
 def lower_engine(graphdef, state, cfg: RolloutConfig, *, sequences: int, prompt_width: int,
-                 new_tokens: int | None = None, mesh=None, stop_width: int = 8):
+                 new_tokens: int | None = None, mesh=None, stop_width: int = 8,
+                 group_size: int = 1):
   """The engine `run_engine` compiles for `sequences` contexts of `prompt_width` tokens and
-  `new_tokens` more (default cfg.max_new_tokens), lowered from abstract values (`state`: a tree
-  of ShapeDtypeStruct with shardings), nothing allocated: launch/aot.py compiles it for a
-  TPU topology this host does not have."""
+  `new_tokens` more (default cfg.max_new_tokens), in groups of `group_size` sharing a context,
+  lowered from abstract values (`state`: a tree of ShapeDtypeStruct with shardings), nothing
+  allocated: launch/aot.py compiles it for a TPU topology this host does not have."""
   spec, n_padded = _engine_spec(cfg, sequences, int(new_tokens or cfg.max_new_tokens), None,
-                                mesh)
+                                mesh, group_size)
 
   def rows(*shape):
     return jax.ShapeDtypeStruct((n_padded, *shape), jnp.int32, sharding=spec.row_sharding)
@@ -385,7 +401,8 @@ def run_engine(graphdef, state, context_ids: np.ndarray, context_lens: np.ndarra
                cfg: RolloutConfig, *, uids: np.ndarray | None = None,
                generated_before: np.ndarray | None = None, max_new: np.ndarray | None = None,
                new_tokens: int | None = None, rows: int | None = None,
-               stop_ids: Sequence[Sequence[int]] | None = None, mesh=None) -> dict[str, Any]:
+               stop_ids: Sequence[Sequence[int]] | None = None, mesh=None,
+               group_size: int = 1) -> dict[str, Any]:
   """Generates continuations of N right-padded contexts [N, P]; the low-level entry point.
 
   Args:
@@ -399,6 +416,9 @@ def run_engine(graphdef, state, context_ids: np.ndarray, context_lens: np.ndarra
     stop_ids: per-row extra stop ids, on top of cfg.stop_ids (a traced table, bucketed to a
       multiple of 8 ids: other stop sets do not recompile).
     mesh: shard slots and sequences over the mesh's batch axes (state placed by the caller).
+    group_size: G > 1 when rows [g*G, (g+1)*G) share one context (a prompt's samples, with the
+      same generated_before): each context is prefilled once and its KV rows and logits are
+      copied to the group's slots (G times fewer prefill FLOPs; samples unchanged).
 
   Returns a dict of arrays, rows as given: tokens [N, P+M], response_mask, logp_old, new_count,
   stopped [N] (hit a stop id), routing / kept_ids when asked, the loop's decode_steps and
@@ -412,7 +432,16 @@ def run_engine(graphdef, state, context_ids: np.ndarray, context_lens: np.ndarra
   if max_new is not None and np.any(np.asarray(max_new) <= 0):
     raise ValueError("max_new must be >= 1 for every row (finished rows are not resubmitted)")
   new_tokens = int(new_tokens or cfg.max_new_tokens)
-  spec, n_padded = _engine_spec(cfg, n, new_tokens, rows, mesh)
+  spec, n_padded = _engine_spec(cfg, n, new_tokens, rows, mesh, group_size)
+  if group_size > 1:
+    key = np.concatenate([np.asarray(x).reshape(n, -1) for x in (
+        context_ids, context_lens, np.zeros(n) if generated_before is None else generated_before)],
+        axis=1).reshape(n // group_size, group_size, -1)
+    differ = (key != key[:, :1]).any(axis=(1, 2))
+    if differ.any():
+      raise ValueError(f"group_size={group_size}: the rows of group(s) "
+                       f"{np.flatnonzero(differ)[:5].tolist()} do not "
+                       "share one context (ids, length and generated_before)")
   row_sharding, slots = spec.row_sharding, spec.slots
 
   def padded_rows(x, fill, dtype):

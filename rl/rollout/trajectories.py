@@ -53,7 +53,8 @@ def generate(graphdef, state, prompts: Sequence[Sequence[int]] | tuple[np.ndarra
 
   Rows are grouped by prompt (the G samples of prompt i are rows i*G .. i*G+G-1, group_id i);
   sequence n draws from the RNG stream fold_in(rng, n), so the result does not depend on
-  `cfg.batch_size` (continuous vs static batching). Per prompt, `stop_ids[i]` adds stop ids to
+  `cfg.batch_size` (continuous vs static batching). A prompt is prefilled once for its
+  `num_samples` rows (`engine.run_engine`'s group_size). Per prompt, `stop_ids[i]` adds stop ids to
   cfg.stop_ids and `max_new_tokens[i]` (<= cfg.max_new_tokens) caps the response length. With
   `return_stats` also returns {"decode_steps", "prefill_calls", "generated_tokens",
   "slot_utilisation"}.
@@ -73,7 +74,7 @@ def generate(graphdef, state, prompts: Sequence[Sequence[int]] | tuple[np.ndarra
   ids, lens, limit = repeat(ids), repeat(lens), repeat(limit)
   row_stop_ids = None if stop_ids is None else [s for s in stop_ids for _ in range(num_samples)]
   out = engine.run_engine(graphdef, state, ids, lens, rng, cfg, max_new=limit,
-                          stop_ids=row_stop_ids, mesh=mesh)
+                          stop_ids=row_stop_ids, mesh=mesh, group_size=num_samples)
   traj = trajectories_from_engine(out, lens, policy_version=policy_version,
                                   group_id=repeat(np.arange(len(ids) // num_samples)),
                                   max_new_tokens=limit)

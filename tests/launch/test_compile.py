@@ -194,6 +194,32 @@ def test_moe_recipe_at_reduced_depth_compiles_for_its_slice():
   assert any("compiled / model" in line for line in text)
 
 
+@pytest.mark.parametrize("recipe,arg,topology", [
+    ("qwen2_5_math_dapo", "1.5b", "v5p:2x2x2"), ("qwen2_5_math_dapo", "7b", "v6e:2x4"),
+    ("vapo_qwen", "1.5b", "v5p:2x2x2")])
+def test_dense_recipes_at_reduced_depth_compile_for_a_tpu_slice(recipe, arg, topology):
+  """Each shipped dense recipe at 2 of its 28 layers, as shipped otherwise (its 8-device mesh,
+  512 decode slots, shared prefill), compiled by XLA:TPU for an 8-chip slice: the update and
+  the rollout fit a chip, and the dry run's analytic rollout total is within 3x of the
+  compiler's rollout peak. Full depth: docs/performance.md."""
+  _need("libtpu", "libtpu (the XLA:TPU compiler)")
+  import importlib
+  import ml_collections
+  from jax.experimental import topologies
+  from launch import dry_run
+  c = ml_collections.ConfigDict(importlib.import_module(f"configs.{recipe}").get_config(
+      arg).to_dict())
+  c.model.n_layers = 2
+  devices = list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
+  with jax.default_matmul_precision("default"):
+    r = dry_run.report(c, compile_step=True, devices=devices)
+  hbm = r["device_spec"].hbm_bytes
+  assert r["devices"] == 8 and r["platform"] == "tpu"
+  assert 0 < r["compiled"]["peak"] <= hbm and 0 < r["compiled_rollout"]["peak"] <= hbm
+  ratio = r["rollout_total_bytes_per_device"] / r["compiled_rollout"]["peak"]
+  assert 1 / 3 < ratio < 3, ratio
+
+
 def test_planner_defers_to_the_compiler_on_a_tpu_slice(tpu_topologies):
   """`launch/plan.py --topology=v5p:2x2x1`: the planner's best plans for the demo compiled for
   the slice, each with the compiler's update and rollout peaks and the planner/compiler ratio;

@@ -76,7 +76,9 @@ def test_small_tpu_recipe_is_sharded_everywhere():
 def test_gpu_recipe_dry_run_sizes(size, published):
   """The DAPO recipe on one 8-GPU host: the published parameter count, fp32 parameters sharded
   8 ways (per GPU = total / 8 within 1%), fp32 AdamW moments twice that, no rounding hazard, one
-  sequence per batch shard, and an analytic total that fits an 80 GB GPU."""
+  sequence per batch shard, and analytic totals of the update and of the rollout that fit an
+  80 GB GPU. The rollout's KV cache is its 512 slots' (split over the fsdp rows and the tensor
+  axis' KV heads), and a refill prefills each prompt once for its 16 samples."""
   r = dry_run.report(load("qwen2_5_math_dapo.py", size), compile_step=False)
   assert abs(r["params_total"] / (PUBLISHED_PARAMS[published]["total"] * 1e9) - 1) < 0.01
   assert r["devices"] == 8 and r["compiled"] is None
@@ -87,6 +89,12 @@ def test_gpu_recipe_dry_run_sizes(size, published):
   assert r["sequence_length"] == r["max_seq_len"] == 4096
   assert r["micro_batch_rows"] == r["batch_shards"]
   assert 10 * 2**30 < r["total_bytes_per_device"] < 80e9
+  mesh = r["mesh_shape"]
+  kv = r["kv_cache_bytes_per_sequence"] * 512 / mesh["fsdp"] / mesh["tensor"]
+  assert r["rollout_analytic"]["kv_cache"] == pytest.approx(kv)
+  assert r["rollout_batching"] == dict(slots=512, padded=2048, refill_rows=128,
+                                       refill_contexts=9)
+  assert kv < r["rollout_total_bytes_per_device"] < 80e9
 
 
 def test_vapo_recipe_counts_the_critic():

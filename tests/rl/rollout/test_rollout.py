@@ -193,6 +193,47 @@ def test_continuous_batching_equals_static():
   np.testing.assert_allclose(logp[mask], np.asarray(static.logp_old)[mask], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("name,cfg", [
+    ("tiny_dense", PLAIN_CFG), ("tiny_qwen3_moe", FULL_CFG.replace(prefill_batch=3)),
+    ("tiny_moe_mla_dsa", FULL_CFG.replace(prefill_batch=3))])
+def test_a_prompts_samples_share_one_prefill(name, cfg):
+  """A prompt's G samples prefilled once (group_size=G: its KV rows and last logits copied to
+  the group's slots) give exactly the tokens, stop flags, routing and kept ids of G separate
+  prefills, and their log-probs to fp32 rounding (a prefill over fewer rows may round MLA's
+  products differently: 2.4e-7 seen): static batching (dense) and continuous batching over 3 slots, where a
+  group straddles refills of 3 rows (MoE with keep-routing and keep-sampling-mask, MLA + DSA)."""
+  graphdef, state = tiny(name)
+  ids, lens = trajectories.prompt_batch(PROMPTS, cfg)
+  ids, lens = np.repeat(ids, 4, axis=0), np.repeat(lens, 4)
+  shared, alone = (engine.run_engine(graphdef, state, ids, lens, jax.random.key(0), cfg,
+                                     group_size=g) for g in (4, 1))
+  assert shared["prefill_calls"] == alone["prefill_calls"]
+  np.testing.assert_allclose(shared["logp_old"], alone["logp_old"], atol=1e-6, rtol=0)
+  for key in ("tokens", "stopped", "new_count", "routing", "kept_ids"):
+    assert (key in shared) == (key in alone)
+    if key in alone:
+      np.testing.assert_array_equal(np.asarray(shared[key]), np.asarray(alone[key]), key)
+  assert len(set(np.asarray(alone["new_count"]).tolist())) > 2, "samples should differ"
+  ids[[5, 13], 0] += 1
+  with pytest.raises(ValueError, match=r"group\(s\) \[1, 3\] do not share one context"):
+    engine.run_engine(graphdef, state, ids, lens, jax.random.key(0), cfg, group_size=4)
+  with pytest.raises(ValueError, match="group_size=8: must divide the 20 sequences"):
+    engine.run_engine(graphdef, state, ids, lens, jax.random.key(0), cfg, group_size=8)
+
+
+def test_shared_prefill_divides_the_prefill_flops_by_the_group_size():
+  """XLA's compiled cost of a static-batching engine call (64 sequences of 256 prompt tokens,
+  1 new token: the prefill dominates) falls by about the group size when groups of 4 and 16
+  share their prefill."""
+  graphdef, state = tiny("tiny_dense")
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  cfg = engine.RolloutConfig(max_new_tokens=1, prompt_bucket=8)
+  flops = {g: engine.lower_engine(graphdef, abstract, cfg, sequences=64, prompt_width=256,
+                                  group_size=g).compile().cost_analysis()["flops"]
+           for g in (1, 4, 16)}
+  assert 3.6 < flops[1] / flops[4] <= 4 and 13 < flops[1] / flops[16] <= 16, flops
+
+
 def test_per_prompt_stop_ids_and_length_caps():
   """Per-prompt extra stop ids and max_new_tokens cut each response exactly where the
   unconstrained run (same seed) first meets them: the kept part is identical, a stop id ends a
