@@ -283,14 +283,15 @@ def test_gpu_recipe_at_reduced_depth_compiles_for_its_host(recipe, h100_host, mo
   CPU-only bodies are not taken); both programs are sharded (no large parameter left whole,
   annotations that split dimensions over mesh axes, tensor parallelism's all-reduces, FSDP's
   all-gathers and reduce-scatters in the update, whose per-device arguments are the sharded
-  state, not the whole); their products are XLA:GPU's Triton GEMMs; both fit an H100 by the
+  state, not the whole); their products are XLA:GPU's GEMM kernels; both fit an H100 by the
   compiler's memory analysis (full depth: docs/performance.md)."""
   import importlib
   import ml_collections
   from launch import dry_run
   from models import planner
   module, arg = recipe.split(":")
-  c = ml_collections.ConfigDict(importlib.import_module(f"configs.{module}").get_config(arg).to_dict())
+  recipe_config = importlib.import_module(f"configs.{module}").get_config(arg)
+  c = ml_collections.ConfigDict(recipe_config.to_dict())
   c.model.n_layers = 2
   answers = []  # kernels.platform() as the models and the engine see it while tracing
   platform = kernels.platform
@@ -309,7 +310,9 @@ def test_gpu_recipe_at_reduced_depth_compiles_for_its_host(recipe, h100_host, mo
   for program in (update, rollout):
     assert 0 < program["peak"] <= hbm
     assert program["split_annotations"] > 0 and program["collectives"].get("all-reduce")
-    assert any(kind.startswith("__triton") for kind in program["kernels"]), program["kernels"]
+    # XLA:GPU's GEMMs: Triton fusions (what jax 0.10 picks without autotuning) or cuBLAS calls.
+    assert any(kind.startswith(("__triton", "__cublas")) for kind in program["kernels"]), (
+        program["kernels"])
   assert update["collectives"].get("all-gather") and update["collectives"].get("reduce-scatter")
   sharded_state = r["param_bytes_per_device"] + r["optimizer_bytes_per_device"]
   assert sharded_state <= update["argument"] <= 1.5 * sharded_state + r["batch_bytes_per_device"]
