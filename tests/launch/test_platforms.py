@@ -52,9 +52,9 @@ def test_accelerator_hosts_and_requests_are_left_alone(environ, accelerator, mon
   assert environ == before and set(sys.modules) == modules
 
 
-@pytest.mark.parametrize("argv,left_out", [
-    (["train.py", "--dry_run", "--topology=h100:8"], 0), (["plan.py", "--topology", "v5p:2x2x1"], 0),
-    (["train.py", "--dry_run"], 4)])
+@pytest.mark.parametrize("argv,left_out", [(["train.py", "--dry_run", "--topology=h100:8"], 0),
+                                           (["plan.py", "--topology", "v5p:2x2x1"], 0),
+                                           (["train.py", "--dry_run"], 4)])
 def test_ahead_of_time_compiles_keep_the_cuda_plugin(argv, left_out):
   """`--topology` (a dry run compiling for a TPU slice or a GPU host, launch/aot.py) on a host
   without accelerators: JAX_PLATFORMS=cpu, and the CUDA plugin's modules stay loadable (a GPU
