@@ -39,9 +39,9 @@ _PROMPT_LEN = cli.define(flags.DEFINE_integer, "prompt_len", None, "Prompt token
 _TOP = flags.DEFINE_integer("top", 15, "Rows of the ranking to print.")
 _TOPOLOGY = cli.define(flags.DEFINE_string,
     "topology", None, "Defer to the compiler: compile the policy update and the rollout of the "
-    "best --verify plans for this TPU topology (e.g. v5p:4x4x4; the device count and kind come "
-    "from it; needs libtpu, `bash launch/setup.sh --compilers`) and rank them by whether the "
-    "compiler's per-device peaks fit the chip.")
+    "best --verify plans for this TPU topology (e.g. v5p:4x4x4) or GPU host (h100:8; the device "
+    "count and kind come from it; needs libtpu or the CUDA plugin, `bash launch/setup.sh "
+    "--compilers`) and rank them by whether the compiler's per-device peaks fit the chip.")
 _VERIFY = flags.DEFINE_integer("verify", 3, "With --topology: how many of the best plans to "
                                "compile.")
 

@@ -11,7 +11,9 @@ without accelerators, and only there:
   fall back to after its failed probes. A host whose accelerator these probes miss (a remote
   backend) names it: JAX_PLATFORMS=tpu or cuda.
 * JAX_PLATFORMS=cpu (set by the user or above): the installed CUDA plugin is not loaded (its
-  import alone prints from C++ before any log set-up); nothing on a CPU run uses it.
+  import alone prints from C++ before any log set-up); nothing on a CPU run uses it. Except
+  with `--topology` on the command line (a dry run compiling ahead of time, launch/aot.py): a
+  GPU topology such as h100:8 is the CUDA plugin's, so it stays, start-up lines and all.
 
 A host with a TPU or GPU, or a JAX_PLATFORMS naming one, is left as it is: a failure to start
 the accelerator there is a real error and stays on the console. Must run before jax (or
@@ -24,7 +26,7 @@ import glob
 import os
 import sys
 import types
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 
 _GOOGLE_PCI_VENDOR = "0x1ae0"  # jax/_src/hardware_utils.py: TPU chips on the PCI bus
 _GPU_DEVICE_NODES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
@@ -50,11 +52,12 @@ def _plugin_that_registers_nothing(name: str) -> types.ModuleType:
 
 
 def settle(environ: MutableMapping[str, str] = os.environ,
-           has_accelerator=host_has_accelerator) -> None:
+           has_accelerator=host_has_accelerator, argv: Sequence[str] = sys.argv) -> None:
   """See the module docstring."""
   if not environ.get("JAX_PLATFORMS") and not has_accelerator():
     environ["JAX_PLATFORMS"] = "cpu"
-  if environ.get("JAX_PLATFORMS") != "cpu":
+  compiles_ahead = any(arg == "--topology" or arg.startswith("--topology=") for arg in argv[1:])
+  if environ.get("JAX_PLATFORMS") != "cpu" or compiles_ahead:
     return
   for name in _CUDA_MODULES:
     sys.modules.setdefault(name, None)  # import raises ImportError: jaxlib goes on without it

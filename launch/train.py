@@ -57,10 +57,10 @@ _PRINT_CONFIG = flags.DEFINE_bool(
     "print_config", False, "Print the resolved config (the file's, with the --config overrides, "
     "validated) as <field>=<value> lines and the run's workdir, then exit.")
 _TOPOLOGY = cli.define(flags.DEFINE_string,
-    "topology", None, "With --dry_run: compile the policy update ahead of time for this TPU "
-    "topology (e.g. v5p:2x2x1, v5e:4x4, v6e:2x2; needs libtpu, `bash launch/setup.sh "
-    "--compilers`, and JAX_PLATFORMS=cpu on a host without TPUs) and report XLA:TPU's memory "
-    "analysis beside the analytic estimate.")
+    "topology", None, "With --dry_run: compile the policy update and the rollout ahead of time "
+    "for this TPU topology (e.g. v5p:2x2x1, v5e:4x4, v6e:2x2; needs libtpu) or GPU host (h100:8; "
+    "needs the CUDA plugin and a CUDA toolkit's ptxas), `bash launch/setup.sh --compilers`, and "
+    "report the compiler's memory analysis beside the analytic estimate.")
 
 
 cli.define_help_flags()

@@ -1,5 +1,7 @@
 """Real-compiler gates: every Pallas kernel through XLA:TPU and Mosaic (ahead of time, for TPU
-topologies, on this CPU host) and through Pallas' Triton lowering for CUDA.
+topologies, on this CPU host) and through Pallas' Triton lowering for CUDA; the RL programs of
+recipes (policy update and rollout engine) through XLA:TPU for their slice and through XLA:GPU
+for their 8-GPU host (compile-only H100 devices, launch/aot.py `topology_devices`).
 
 Interpret mode accepts kernels the real compilers refuse (a bf16 per-row gather at an unaligned
 VMEM offset ran on CPU and was rejected by Mosaic), so numerics tests alone prove nothing about
@@ -33,13 +35,18 @@ TOPOLOGIES = ("v5e:2x2", "v5p:2x2x1", "v6e:2x2")
 DTYPES = ("bfloat16", "float32")
 
 
+def _missing(what: str):
+  """Skips, or fails where SEEDRL_REQUIRE_COMPILERS=1 (CI), for want of `what`."""
+  if os.environ.get("SEEDRL_REQUIRE_COMPILERS") == "1":
+    pytest.fail(f"{what} is not installed (bash launch/setup.sh --compilers)")
+  pytest.skip(f"{what} not installed (bash launch/setup.sh --compilers)")
+
+
 def _need(modules: str | tuple[str, ...], what: str):
   """Skips (fails where SEEDRL_REQUIRE_COMPILERS=1) unless one of `modules` is installed."""
   modules = (modules,) if isinstance(modules, str) else modules
   if all(importlib.util.find_spec(module) is None for module in modules):
-    if os.environ.get("SEEDRL_REQUIRE_COMPILERS") == "1":
-      pytest.fail(f"{what} is not installed (bash launch/setup.sh --compilers)")
-    pytest.skip(f"{what} not installed (bash launch/setup.sh --compilers)")
+    _missing(what)
 
 
 def _kernel_shapes(preset: str, *, batch: int, steps: int, length: int) -> dict:
@@ -273,3 +280,65 @@ def test_tpu_expert_exchange_ragged_and_bounded(tpu_topologies):
     assert "ragged-all-to-all" in compiled.as_text() or "ragged_all_to_all" in compiled.as_text()
     temporaries[factor] = compiled.memory_analysis().temp_size_in_bytes
   assert temporaries[1.0] < temporaries[0.0], temporaries
+
+
+GPU_RECIPES = ("qwen2_5_math_dapo:1.5b", "qwen2_5_math_dapo:7b", "vapo_qwen:1.5b")
+
+
+@pytest.fixture(scope="module")
+def h100_host():
+  """8 compile-only H100s, once XLA:GPU has compiled a small program for them to machine code
+  (the CUDA plugin, then ptxas and libdevice: a CUDA toolkit or nvcc's wheel)."""
+  _need(("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13"), "a jax CUDA plugin (XLA:GPU)")
+  from launch import aot
+  devices = aot.topology_devices("h100:8")
+  rows = NamedSharding(jax.sharding.Mesh(np.array(devices), ("x",)), P("x"))
+  try:
+    jax.jit(jnp.tanh).lower(jax.ShapeDtypeStruct((8, 128), jnp.float32, sharding=rows)).compile()
+  except jax.errors.JaxRuntimeError as e:  # e.g. "INTERNAL: libdevice not found at ..."
+    _missing(f"CUDA's ptxas / libdevice for XLA:GPU ({str(e).splitlines()[0]})")
+  return devices
+
+
+@pytest.mark.parametrize("recipe", GPU_RECIPES)
+def test_gpu_recipe_at_reduced_depth_compiles_for_its_host(recipe, h100_host, monkeypatch):
+  """A GPU recipe at 2 of its layers (one scanned stack; batch, lengths, dtypes, mesh and
+  algorithm as configured): its policy update and rollout engine lowered for CUDA and compiled
+  by XLA:GPU for 8 H100s through the dry run, as `train.py --dry_run --topology=h100:8` does.
+  Every platform question the models and the engine ask while tracing is answered "gpu" (their
+  CPU-only bodies are not taken); both programs are sharded (no large parameter left whole,
+  annotations that split dimensions over mesh axes, tensor parallelism's all-reduces, FSDP's
+  all-gathers and reduce-scatters in the update, whose per-device arguments are the sharded
+  state, not the whole); their products are XLA:GPU's GEMM kernels; both fit an H100 by the
+  compiler's memory analysis (full depth: docs/performance.md)."""
+  import importlib
+  import ml_collections
+  from launch import dry_run
+  from models import planner
+  module, arg = recipe.split(":")
+  recipe_config = importlib.import_module(f"configs.{module}").get_config(arg)
+  c = ml_collections.ConfigDict(recipe_config.to_dict())
+  c.model.n_layers = 2
+  answers = []  # kernels.platform() as the models and the engine see it while tracing
+  platform = kernels.platform
+
+  def recorded_platform():
+    answers.append(platform())
+    return answers[-1]
+  monkeypatch.setattr(kernels, "platform", recorded_platform)
+  r = dry_run.report(c, compile_step=True, devices=h100_host)
+  assert r["platform"] == "gpu" and r["devices"] == 8 and not r["abstract_mesh"]
+  assert {axis: r["mesh_shape"][axis] for axis in c.mesh.shape} == c.mesh.shape.to_dict()
+  assert answers and set(answers) == {"gpu"}, sorted(set(answers))
+  assert not r["replicated_params"], r["replicated_params"]
+  update, rollout = r["compiled"], r["compiled_rollout"]
+  hbm = planner.spec_of(h100_host[0]).hbm_bytes
+  for program in (update, rollout):
+    assert 0 < program["peak"] <= hbm
+    assert program["split_annotations"] > 0 and program["collectives"].get("all-reduce")
+    # XLA:GPU's GEMMs: Triton fusions (what jax 0.10 picks without autotuning) or cuBLAS calls.
+    assert any(kind.startswith(("__triton", "__cublas")) for kind in program["kernels"]), (
+        program["kernels"])
+  assert update["collectives"].get("all-gather") and update["collectives"].get("reduce-scatter")
+  sharded_state = r["param_bytes_per_device"] + r["optimizer_bytes_per_device"]
+  assert sharded_state <= update["argument"] <= 1.5 * sharded_state + r["batch_bytes_per_device"]

@@ -52,6 +52,23 @@ def test_accelerator_hosts_and_requests_are_left_alone(environ, accelerator, mon
   assert environ == before and set(sys.modules) == modules
 
 
+@pytest.mark.parametrize("argv,left_out", [(["train.py", "--dry_run", "--topology=h100:8"], 0),
+                                           (["plan.py", "--topology", "v5p:2x2x1"], 0),
+                                           (["train.py", "--dry_run"], 4)])
+def test_ahead_of_time_compiles_keep_the_cuda_plugin(argv, left_out):
+  """`--topology` (a dry run compiling for a TPU slice or a GPU host, launch/aot.py) on a host
+  without accelerators: JAX_PLATFORMS=cpu, and the CUDA plugin's modules stay loadable (a GPU
+  topology is the plugin's); without the flag all four are left out."""
+  out = _python(
+      "import os, sys\n"
+      "from launch import platforms\n"
+      f"platforms.settle(has_accelerator=lambda: False, argv={argv!r})\n"
+      "print(os.environ['JAX_PLATFORMS'], sum(m in sys.modules for m in\n"
+      "      platforms._CUDA_MODULES + platforms._CUDA_PJRT_PLUGINS))\n")
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.split() == ["cpu", str(left_out)]
+
+
 def test_pci_probe_finds_a_google_tpu(tmp_path):
   """A Google TPU is found on the PCI bus by its vendor id, as jax finds it; other vendors are
   not accelerators."""
