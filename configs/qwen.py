@@ -58,8 +58,12 @@ def math_rl_on_one_gpu_host(c: ml_collections.ConfigDict, *, size: str,
   # rollout's KV cache is 7 GiB (1.5B) or 14 GiB (7B) per GPU (the dry run's analytic
   # figure), a quarter of all 2048 sequences' at once.
   c.rollout.update(batch_size=512, prefill_batch=128)
-  # Layers unrolled, not scanned: without remat a scan stacks every residual of its body, and
-  # the 1.5B update took 55.91 GiB per v5p chip scanned against 25.67 GiB unrolled (libtpu
-  # ahead of time on v5p:2x2x2, 2026-11-27, docs/performance.md).
-  c.model.scan_layers = False
+  # 7B recomputes each layer in the backward: without it the update takes 78.37 GiB per H100
+  # (XLA:GPU ahead of time, docs/performance.md), over the 80 GB.
+  if size == "7b":
+    c.model.remat = "full"
+  # 1.5B keeps every activation, its layers unrolled, not scanned: without remat a scan stacks
+  # every residual of its body, and the update took 55.91 GiB per v5p chip scanned against
+  # 25.67 GiB unrolled (libtpu ahead of time on v5p:2x2x2, 2026-11-27, docs/performance.md).
+  c.model.scan_layers = c.model.remat != "none"
   return c

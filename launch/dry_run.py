@@ -303,14 +303,16 @@ def _compiled_lines(label: str, what: str, c: dict[str, float], r: dict[str, Any
   if device is not None:
     fits = (f"; {device.name} holds {_gib(device.hbm_bytes)}: "
             f"{'fits' if c['peak'] <= device.hbm_bytes else 'DOES NOT FIT'}")
+  costed = bool(c["flops"] or c["bytes_accessed"])  # XLA:GPU ahead of time gives no cost
   lines = [
       f"{label:<11} {_gib(c['peak'])}/device peak for the {what} (XLA:{r['platform']} "
       f"memory analysis: arguments {_gib(c['argument'])}, outputs {_gib(c['output'])}, "
       f"aliased {_gib(c['alias'])}, temporaries {_gib(c['temp'])}{fits})",
-      f"{'':<11} {c['flops'] / 1e12:.3g} TFLOP and {c['bytes_accessed'] / 1e9:.3g} GB accessed "
-      f"per device {per} (cost analysis: XLA counts a loop body once), compiled in "
-      f"{c['compile_seconds']:.1f} s"]
-  model = r.get("model_flops_per_device") if trips else None
+      f"{'':<11} " + (f"{c['flops'] / 1e12:.3g} TFLOP and {c['bytes_accessed'] / 1e9:.3g} GB "
+                      f"accessed per device {per} (cost analysis: XLA counts a loop body once)"
+                      if costed else f"no cost analysis from XLA:{r['platform']}")
+      + f", compiled in {c['compile_seconds']:.1f} s"]
+  model = r.get("model_flops_per_device") if trips and costed else None
   if model:
     # The scan over layers is a loop: its body (one layer) counts once in the compiled FLOPs.
     why = ("every layer unrolled: above 1 is remat's recompute and capacity padding"
@@ -319,7 +321,7 @@ def _compiled_lines(label: str, what: str, c: dict[str, float], r: dict[str, Any
     lines.append(f"{'':<11} model {model / 1e12:.3g} TFLOP per device for one micro-batch (6 x "
                  f"active parameters + attention); compiled / model = {c['flops'] / model:.2f} "
                  f"({why})")
-  if device is not None and trips and (c["flops"] or c["bytes_accessed"]):
+  if device is not None and trips and costed:
     cost = dict(c, flops=max(c["flops"], model or 0))
     lines.append(f"{'':<11} roofline ~{trips * aot.roofline_seconds(cost, device):.3g} s per "
                  f"optimiser step on {device.name} ({trips} x the larger FLOPs and the "

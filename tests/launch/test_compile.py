@@ -201,32 +201,6 @@ def test_moe_recipe_at_reduced_depth_compiles_for_its_slice():
   assert any("compiled / model" in line for line in text)
 
 
-@pytest.mark.parametrize("recipe,arg,topology", [
-    ("qwen2_5_math_dapo", "1.5b", "v5p:2x2x2"), ("qwen2_5_math_dapo", "7b", "v6e:2x4"),
-    ("vapo_qwen", "1.5b", "v5p:2x2x2")])
-def test_dense_recipes_at_reduced_depth_compile_for_a_tpu_slice(recipe, arg, topology):
-  """Each shipped dense recipe at 2 of its 28 layers, as shipped otherwise (its 8-device mesh,
-  512 decode slots, shared prefill), compiled by XLA:TPU for an 8-chip slice: the update and
-  the rollout fit a chip, and the dry run's analytic rollout total is within 3x of the
-  compiler's rollout peak. Full depth: docs/performance.md."""
-  _need("libtpu", "libtpu (the XLA:TPU compiler)")
-  import importlib
-  import ml_collections
-  from jax.experimental import topologies
-  from launch import dry_run
-  c = ml_collections.ConfigDict(importlib.import_module(f"configs.{recipe}").get_config(
-      arg).to_dict())
-  c.model.n_layers = 2
-  devices = list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
-  with jax.default_matmul_precision("default"):
-    r = dry_run.report(c, compile_step=True, devices=devices)
-  hbm = r["device_spec"].hbm_bytes
-  assert r["devices"] == 8 and r["platform"] == "tpu"
-  assert 0 < r["compiled"]["peak"] <= hbm and 0 < r["compiled_rollout"]["peak"] <= hbm
-  ratio = r["rollout_total_bytes_per_device"] / r["compiled_rollout"]["peak"]
-  assert 1 / 3 < ratio < 3, ratio
-
-
 def test_planner_defers_to_the_compiler_on_a_tpu_slice(tpu_topologies):
   """`launch/plan.py --topology=v5p:2x2x1`: the planner's best plans for the demo compiled for
   the slice, each with the compiler's update and rollout peaks and the planner/compiler ratio;
@@ -310,7 +284,8 @@ def test_gpu_recipe_at_reduced_depth_compiles_for_its_host(recipe, h100_host, mo
   annotations that split dimensions over mesh axes, tensor parallelism's all-reduces, FSDP's
   all-gathers and reduce-scatters in the update, whose per-device arguments are the sharded
   state, not the whole); their products are XLA:GPU's GEMM kernels; both fit an H100 by the
-  compiler's memory analysis (full depth: docs/performance.md)."""
+  compiler's memory analysis, and the dry run's analytic rollout total is near its peak (full
+  depth: docs/performance.md)."""
   import importlib
   import ml_collections
   from launch import dry_run
@@ -340,5 +315,9 @@ def test_gpu_recipe_at_reduced_depth_compiles_for_its_host(recipe, h100_host, mo
     assert any(kind.startswith(("__triton", "__cublas")) for kind in program["kernels"]), (
         program["kernels"])
   assert update["collectives"].get("all-gather") and update["collectives"].get("reduce-scatter")
+  # The dry run's analytic rollout (the state, the slots' KV cache, one refill's shared prefill)
+  # is the compiler's peak within a factor 2 (full depth: 1.04 for the 1.5B recipe).
+  assert 0.5 < r["rollout_total_bytes_per_device"] / rollout["peak"] < 2, (
+      r["rollout_total_bytes_per_device"], rollout["peak"])
   sharded_state = r["param_bytes_per_device"] + r["optimizer_bytes_per_device"]
   assert sharded_state <= update["argument"] <= 1.5 * sharded_state + r["batch_bytes_per_device"]
