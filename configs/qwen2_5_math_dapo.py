@@ -7,7 +7,7 @@
       --config.init_hf_dir=/models/Qwen2.5-Math-7B --config.tokenizer=/models/Qwen2.5-Math-7B
   python launch/train.py --config=configs/qwen2_5_math_dapo.py --dry_run   # memory per GPU
 
-The DAPO paper's hyper-parameters (spec/rl_algorithms.md sections 6 and 8: lr 1e-6 after 10
+The DAPO paper's hyper-parameters (docs/rl_algorithms.md sections 6 and 8: lr 1e-6 after 10
 warm-up steps, weight decay 0.1, clip 1.0, temperature 1.0, top_p 1.0, clip 0.2 / 0.28,
 token-mean loss, dynamic sampling, 16 samples per prompt, 32-prompt mini-batches, overlong
 shaping) scaled to one host: 128 prompts per step instead of 512 (4 optimiser steps per rollout

@@ -5,7 +5,7 @@ TPU v5p slice of 16 chips (v5p:2x2x4). All 48 layers fit it by the compiler (com
   python launch/train.py --config=configs/qwen3_moe_dapo.py --workdir=gs://BUCKET/qwen3_moe \
       --config.data.train_files=gs://BUCKET/dapo_math_17k.parquet
 
-The DAPO hyper-parameters of configs/qwen2_5_math_dapo.py (spec/rl_algorithms.md sections 6
+The DAPO hyper-parameters of configs/qwen2_5_math_dapo.py (docs/rl_algorithms.md sections 6
 and 8; configs/qwen.py `math_rl`) on the MoE: experts split over the "expert" axis (8 experts' worth of
 16 per device, tokens exchanged all-to-all), parameters and optimiser state over FSDP. Parameters
 are float32 for the reason given there (lr 1e-6 is below half a bfloat16 ulp of a weight).

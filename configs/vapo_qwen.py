@@ -6,7 +6,7 @@
       --config.data.train_files=/data/dapo_math_17k.parquet
   python launch/train.py --config=configs/vapo_qwen.py --dry_run   # memory per GPU
 
-The VAPO paper's settings (spec/rl_algorithms.md section 7: value pretraining for 50 steps,
+The VAPO paper's settings (docs/rl_algorithms.md section 7: value pretraining for 50 steps,
 decoupled GAE with lambda_critic = 1 and length-adaptive lambda_policy (alpha 0.05), clip
 0.2 / 0.28, token-mean loss, positive-example NLL weight 0.1, +-1 rewards, actor lr 1e-6 and
 critic lr 2e-6 after warm-up, value clip 0.5) on math prompts, scaled to one host: 128 prompts x

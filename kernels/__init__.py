@@ -108,7 +108,7 @@ def constrain_rows(x: jax.Array) -> jax.Array:
 def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float, d_v: int,
                backend: str = "auto", block_config: str = "default"
                ) -> tuple[jax.Array, jax.Array]:
-  """Sparse MLA attention (contract in kernels.reference.sparse_mla and spec/dsa.md):
+  """Sparse MLA attention (contract in kernels.reference.sparse_mla and docs/dsa.md):
   q [B,S,H,D], kv [B,L,D], indices [B,S,K] int32 (-1 = skip) -> (out [B,S,H,d_v],
   lse [B,S,H] fp32); differentiable in q and kv. `block_config="auto"`: the Pallas kernels'
   launch parameters are autotuned per shape (kernels/autotune.py; no effect on the reference)."""

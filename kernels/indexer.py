@@ -1,7 +1,7 @@
 """Lightning-indexer scores as a Pallas kernel (GPU Triton, TPU Mosaic, or interpret mode), then
 top-k in jnp, chunked over queries so the [queries, keys] score matrix never exists whole.
 
-Contract: `kernels.reference.lightning_indexer` and spec/dsa.md:
+Contract: `kernels.reference.lightning_indexer` and docs/dsa.md:
   I[t, s] = sum_h w[t, h] * ReLU(q[t, h] . k[s])   (fp32), causal: s <= q_offset + t,
 then top-k over s with -1 where fewer than K keys are selectable.
 

@@ -1,4 +1,4 @@
-"""Pure-jnp references for the DeepSeek Sparse Attention kernels (contracts in spec/dsa.md).
+"""Pure-jnp references for the DeepSeek Sparse Attention kernels (contracts in docs/dsa.md).
 
 These are the numerical ground truth for the Pallas kernels and the production path on CPU.
 """

@@ -1,6 +1,6 @@
 """Sparse MLA attention as Pallas kernels in the Triton style (GPU; `interpret=True` on CPU).
 
-Contract: `kernels.reference.sparse_mla` and spec/dsa.md. Every query head attends to the same
+Contract: `kernels.reference.sparse_mla` and docs/dsa.md. Every query head attends to the same
 latent rows kv[b, indices[b, t, :]] (MLA in MQA mode); V = the rows' first d_v columns.
 
 Why the Triton lowering and not Mosaic GPU: the kernel's core is a gather of 64 arbitrary

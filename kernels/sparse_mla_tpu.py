@@ -1,6 +1,6 @@
 """Sparse MLA attention as Pallas Mosaic-TPU kernels (run with `pltpu.InterpretParams()` on CPU).
 
-Contract: `kernels.reference.sparse_mla` and spec/dsa.md. Same program decomposition as the
+Contract: `kernels.reference.sparse_mla` and docs/dsa.md. Same program decomposition as the
 GPU kernel (one token x one block of query heads; the index list walked in chunks of
 `block_k`; online softmax; index -1 skipped), with TPU means of gathering:
 

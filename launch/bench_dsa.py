@@ -1,5 +1,5 @@
 """DSA kernel benchmark: sparse MLA and the lightning indexer against dense MLA attention, for
-prefill and decode at 8K, 32K, 64K and 128K context (spec/dsa.md, performance anchors).
+prefill and decode at 8K, 32K, 64K and 128K context (docs/dsa.md, performance anchors).
 
   python launch/bench_dsa.py --backend=gpu --json=/tmp/bench_dsa.json      # on a GPU
   python launch/bench_dsa.py --backend=tpu                                 # on a TPU
@@ -57,8 +57,8 @@ _SMOKE = flags.DEFINE_bool("smoke", False, "Tiny shapes (CPU plumbing check).")
 _JSON = flags.DEFINE_string("json", "", "Write the results here as JSON.")
 _AUTOTUNE = flags.DEFINE_bool("autotune", False, "Autotuned kernel launch parameters "
                               "(block_config='auto') instead of the defaults.")
-_SCALE = 0.13523  # DeepSeek-V3 softmax scale with YaRN mscale (spec/dsa.md)
-_PEAK_TFLOPS, _PEAK_TBPS = 800.0, 3.0  # measured H100 ceilings (spec/dsa.md)
+_SCALE = 0.13523  # DeepSeek-V3 softmax scale with YaRN mscale (docs/dsa.md)
+_PEAK_TFLOPS, _PEAK_TBPS = 800.0, 3.0  # measured H100 ceilings (docs/dsa.md)
 
 
 def timed(fn, *args, iters: int | None = None) -> float:

@@ -108,16 +108,6 @@ def _replicated_params(params, shardings, mesh, min_bytes: int = 1 << 20) -> lis
   return sorted(found.items(), key=lambda item: -item[1])
 
 
-def _axis_factor(spec: PartitionSpec, mesh) -> int:
-  sizes = dict(mesh.shape)
-  factor = 1
-  for entry in spec:
-    for axis in (entry if isinstance(entry, tuple) else (entry,)):
-      if axis is not None:
-        factor *= sizes[axis]
-  return factor
-
-
 def _critic_bytes(cfg: ModelConfig, optimizer, mesh) -> int:
   """Per-device parameters, AdamW state and gradients (x2) of the critic (a scalar head on the
   policy's trunk, as rl/jobs/trainer.py builds it)."""
@@ -208,7 +198,7 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   batch_shardings = {
       k: sharding_lib.logical_sharding(("batch", "length", None, None)[:len(v.shape)], v.shape,
                                        mesh) for k, v in batch.items()}
-  token_factor = _axis_factor(batch_shardings["tokens"].spec, mesh)
+  token_factor = sharding_lib.shard_count(batch_shardings["tokens"].spec, mesh)
   batch_axes = math.prod(dict(mesh.shape)[a] for a in sharding_lib.BATCH_AXES)
   tokens_per_device = rows * length / token_factor
   tensor = dict(mesh.shape)["tensor"]
@@ -246,7 +236,7 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   # The rollout engine's call for one step (aot.rollout_shape), its slots and refills as the
   # engine batches them, beside the training state that stays on the devices.
   shape = aot.rollout_shape(config, prompt_len)
-  row_shards = _axis_factor(sharding_lib.logical_to_spec(("batch",), (mesh.size,), mesh), mesh)
+  row_shards = sharding_lib.shard_count(sharding_lib.logical_to_spec(("batch",), (mesh.size,), mesh), mesh)
   batching = batching_lib.batching(config.rollout.batch_size, config.rollout.prefill_batch,
                                    shape["sequences"], group_size=shape["group_size"],
                                    row_shards=row_shards)
@@ -380,6 +370,10 @@ def format_report(r: dict[str, Any]) -> list[str]:
     what = "activations and optimiser state" if r["offload_optimizer"] else "activations"
     lines.append(f"host        {_gib(r['host_bytes_per_device'])}/device in pinned host memory "
                  f"(offloaded {what})")
+  if r["remat"] == "none" and r["scan_layers"]:
+    lines.append("WARNING: remat none with the layers scanned: the scan stacks every residual "
+                 "of its body (Qwen2.5-1.5B's update: 55.91 GiB per v5p chip scanned, 25.67 "
+                 "unrolled); set --config.model.scan_layers=False or a remat policy")
   if r["updates_round_away"]:
     lines.append(f"WARNING: parameters are {r['param_dtype']}: Adam steps of ~lr are below half "
                  "an ulp of a typical weight and round away (set config.optim.master_weights=True, "

@@ -1,5 +1,5 @@
 """DeepSeek Sparse Attention (DeepSeek-V3.2): the lightning indexer that picks, for every query
-token, the top-k earlier tokens its MLA heads attend to (spec/dsa.md).
+token, the top-k earlier tokens its MLA heads attend to (docs/dsa.md).
 
 The indexer reads the MLA query latent q_r (shared with the attention) and the hidden state:
   q_I = wq_b(q_r)            [B, T, HI, DI]  (RoPE on the first qk_rope dims, half-split layout)
@@ -69,7 +69,7 @@ class Indexer(nnx.Module):
     return indices, scores, index_k_cache
 
 
-# Indexer training loss (spec/dsa.md, "Indexer training loss") ---------------------------------
+# Indexer training loss (docs/dsa.md, "Indexer training loss") ---------------------------------
 #
 # Two stages, picked by name (a config string):
 # - "dense_warmup": the main model is frozen and attends densely; the indexer learns to match

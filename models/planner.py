@@ -183,7 +183,8 @@ class _Model:
     total = 0.0
     for leaf in self.leaves:
       spec = sharding_lib.logical_to_spec(leaf.axes, leaf.shape, mesh)
-      total += math.prod(leaf.shape) * leaf.itemsize * leaf.count / _spec_factor(spec, mesh)
+      total += (math.prod(leaf.shape) * leaf.itemsize * leaf.count
+                / sharding_lib.shard_count(spec, mesh))
     return total
 
 
@@ -206,15 +207,6 @@ def _model(cfg: ModelConfig) -> _Model:
 def _shape_only_mesh(sizes: dict[str, int]):
   """What sharding.logical_to_spec reads of a mesh: its axis sizes."""
   return types.SimpleNamespace(shape={a: int(sizes.get(a, 1)) for a in sharding_lib.MESH_AXES})
-
-
-def _spec_factor(spec, mesh) -> int:
-  factor = 1
-  for entry in spec:
-    for axis in (entry if isinstance(entry, tuple) else (entry,)):
-      if axis is not None:
-        factor *= mesh.shape[axis]
-  return factor
 
 
 def _divisors(n: int) -> list[int]:
@@ -280,7 +272,7 @@ def estimate(cfg: ModelConfig, work: Workload, mesh: dict[str, int], device: Dev
   batch_axes = dict(sharding_lib.DEFAULT_RULES)["batch"]
   token_spec = sharding_lib.logical_to_spec(("batch", "length"),
                                             (work.micro_rows, work.length), _shape_only_mesh(sizes))
-  batch_shards = _spec_factor(token_spec, _shape_only_mesh(sizes))
+  batch_shards = sharding_lib.shard_count(token_spec, _shape_only_mesh(sizes))
   notes = []
   # Batch axes that cannot split the micro-batch hold copies of it and repeat its compute.
   redundancy = math.prod(sizes[a] for a in batch_axes) / batch_shards

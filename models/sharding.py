@@ -159,6 +159,14 @@ def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh
   return PartitionSpec(*spec)
 
 
+def shard_count(spec: PartitionSpec, mesh) -> int:
+  """How many pieces `spec` cuts an array into on `mesh` (a Mesh, an AbstractMesh or anything
+  with a `shape` mapping): the product of the sizes of the mesh axes it names."""
+  sizes = dict(mesh.shape)
+  return math.prod(sizes[axis] for entry in spec if entry is not None
+                   for axis in (entry if isinstance(entry, tuple) else (entry,)))
+
+
 def state_shardings(state: Any, mesh: Mesh, rules=DEFAULT_RULES) -> Any:
   """NamedShardings for every Variable of an (abstract) nnx State, from its logical axes."""
   def one(var):

@@ -1,4 +1,4 @@
-"""Advantage estimators (spec/rl_algorithms.md section 3). Pure jax functions, jit-safe: no
+"""Advantage estimators (docs/rl_algorithms.md section 3). Pure jax functions, jit-safe: no
 Python loops over tokens (GAE walks the sequence with `lax.scan`).
 
 Group ids may be any integers (the trainer offsets them per generation batch); they are

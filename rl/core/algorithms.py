@@ -1,6 +1,6 @@
 """Named RL recipes: each is a set of defaults for the `rl` section of a config, assembled from
 the pure pieces in rl/core/advantages.py, rl/core/losses.py and rl/rewards/shaping.py
-(spec/rl_algorithms.md gives every formula and default).
+(docs/rl_algorithms.md gives every formula and default).
 
 A config selects one with `config.rl = recipe("dapo")` and may override any field from the
 command line (`--config.rl.clip_high=0.3`). Unknown recipe names and bad values fail in

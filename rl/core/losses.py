@@ -1,4 +1,4 @@
-"""Losses of the RL and preference objectives (spec/rl_algorithms.md sections 1, 2, 4, 5, 7, 9).
+"""Losses of the RL and preference objectives (docs/rl_algorithms.md sections 1, 2, 4, 5, 7, 9).
 
 Per-token inputs are [B, T] aligned with each other; masks are float or bool. `aggregate` is
 the single place where per-token terms become a scalar: pass the *global* `num_tokens` /

@@ -1,4 +1,4 @@
-"""`Trajectories`: the rollout engine's record of a batch of sampled sequences (DESIGN.md).
+"""`Trajectories`: the rollout engine's record of a batch of sampled sequences.
 
 Fixed shapes, padded: B rows (prompt x sample), T token positions (prompt then response).
 Rewards (rl/jobs/batch.py score_trajectories) and advantages come next to it as per-row arrays; the

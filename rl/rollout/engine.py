@@ -355,11 +355,8 @@ def _row_sharding(mesh) -> NamedSharding | None:
 
 
 def _slot_multiple(row_sharding: NamedSharding | None) -> int:
-  if row_sharding is None or row_sharding.spec[0] is None:
-    return 1
-  axes = row_sharding.spec[0]
-  axes = (axes,) if isinstance(axes, str) else axes
-  return math.prod(row_sharding.mesh.shape[a] for a in axes)
+  return 1 if row_sharding is None else sharding_lib.shard_count(row_sharding.spec,
+                                                                  row_sharding.mesh)
 
 
 def _engine_spec(cfg: RolloutConfig, n: int, new_tokens: int, rows: int | None,

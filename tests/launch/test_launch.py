@@ -97,6 +97,19 @@ def test_gpu_recipe_dry_run_sizes(size, published):
   assert kv < r["rollout_total_bytes_per_device"] < 80e9
 
 
+def test_dry_run_warns_of_a_scan_without_remat():
+  """remat none with scanned layers (which stacks every residual of the body) is named in one
+  warning line; the shipped 1.5B recipe (unrolled) and a remat policy get none."""
+  def warned(**model) -> bool:
+    c = load("qwen2_5_math_dapo.py", "1.5b")
+    c.unlock()
+    c.model.update(model)
+    text = dry_run.format_report(dry_run.report(c.lock(), compile_step=False))
+    return any(line.startswith("WARNING: remat none with the layers scanned") for line in text)
+  assert warned(scan_layers=True)
+  assert not warned() and not warned(scan_layers=True, remat="full")
+
+
 def test_vapo_recipe_counts_the_critic():
   """VAPO's dry run adds the critic's parameters, optimiser state and gradients (about as much
   again as the policy's)."""

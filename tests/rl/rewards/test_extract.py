@@ -1,6 +1,6 @@
 """Tests for the answer-format readers (rl/rewards/extract.py), the one place each format is
 parsed. The per-domain answers (`math_answer`, `puzzle_answer`) are tested with their rewards in
-tests/test_math_reward.py and tests/test_puzzles.py."""
+tests/rl/rewards/test_math_reward.py and tests/rl/rewards/test_puzzles.py."""
 
 import re
 from pathlib import Path
