@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 from kernels import autotune, indexer, reference, sparse_mla_gpu, sparse_mla_tpu
 
 BACKENDS = ("auto", "reference", "interpret", "gpu", "tpu")
-ROW_AXES = ("data", "fsdp", "expert")  # the batch's mesh axes (models/sharding.BATCH_AXES)
+ROW_AXES = ("data", "fsdp", "expert")  # the mesh axes a batch's rows split over
 HEAD_AXIS = "tensor"
 
 

@@ -199,7 +199,7 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
       k: sharding_lib.logical_sharding(("batch", "length", None, None)[:len(v.shape)], v.shape,
                                        mesh) for k, v in batch.items()}
   token_factor = sharding_lib.shard_count(batch_shardings["tokens"].spec, mesh)
-  batch_axes = math.prod(dict(mesh.shape)[a] for a in sharding_lib.BATCH_AXES)
+  batch_axes = math.prod(dict(mesh.shape)[a] for a in sharding_lib.ROW_AXES)
   tokens_per_device = rows * length / token_factor
   tensor = dict(mesh.shape)["tensor"]
   backend = config.kernel_backend

@@ -25,14 +25,14 @@ import kernels
 from models import cache as cache_lib
 from models.config import ModelConfig
 from models.dsa import INDEXER_STAGES, Indexer, indexer_loss
-from models.layers import Dense, RMSNorm, apply_rope, dtype_of, matmul_out_in, param, stored
+from models.layers import Dense, RMSNorm, apply_rope, matmul_out_in, param, stored
 
 
 class OutProj(nnx.Module):
   """Output projection from [B, T, H, Dv] back to the model width."""
 
   def __init__(self, n_heads: int, head_dim: int, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.compute_dtype = dtype_of(cfg.dtype)
+    self.compute_dtype = jnp.dtype(cfg.dtype)
     self.kernel = param(rngs, (n_heads, head_dim, cfg.d_model), ("heads", "kv", "embed"),
                         std=cfg.init_std, dtype=cfg.param_dtype)
     self.out_major = False  # kernel stored [d_model, heads, head_dim]: `kernels_out_in`

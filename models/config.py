@@ -12,6 +12,7 @@ import dataclasses
 import math
 from typing import Any
 
+import kernels
 from models import remat as remat_lib
 
 ATTENTION_KINDS = ("gqa", "mla")
@@ -19,7 +20,6 @@ ROUTERS = ("softmax", "sigmoid_noaux")
 DISPATCHES = ("ragged", "dense")
 HEADS = ("lm", "scalar")
 DTYPES = ("float32", "bfloat16", "float16")
-KERNEL_BACKENDS = ("auto", "reference", "interpret", "gpu", "tpu")  # kernels.BACKENDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,8 +183,8 @@ def _validate(c: ModelConfig) -> None:
     _fail("attention", c.attention, f"must be one of {ATTENTION_KINDS}")
   if c.head not in HEADS:
     _fail("head", c.head, f"must be one of {HEADS}")
-  if c.kernel_backend not in KERNEL_BACKENDS:
-    _fail("kernel_backend", c.kernel_backend, f"must be one of {KERNEL_BACKENDS}")
+  if c.kernel_backend not in kernels.BACKENDS:
+    _fail("kernel_backend", c.kernel_backend, f"must be one of {kernels.BACKENDS}")
   for name in ("dtype", "param_dtype"):
     if getattr(c, name) not in DTYPES:
       _fail(name, getattr(c, name), f"must be one of {DTYPES}")

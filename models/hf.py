@@ -21,6 +21,7 @@ mapping below is a transpose plus a reshape.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -37,12 +38,6 @@ from safetensors import safe_open
 from models import sharding as sharding_lib
 from models.config import ModelConfig
 from models.transformer import Transformer
-
-FAMILIES = ("qwen2", "qwen3", "qwen3_moe", "llama", "deepseek_v3", "deepseek_v32")
-ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "qwen3_moe": "Qwen3MoeForCausalLM", "llama": "LlamaForCausalLM",
-                 "deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM"}
-
 
 # The files of an HF tokenizer that an export copies beside the weights.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -88,36 +83,17 @@ def config_from_hf(hf: dict, *, dtype: str = "bfloat16",
                           f"{hf.get('model_type')!r} needs it)") from None
 
 
-def _config_from_hf(hf: dict, dtype: str) -> ModelConfig:
-  family = hf.get("model_type")
-  if family not in FAMILIES:
-    raise CheckpointError(f"model_type {family!r} is not supported; supported: {FAMILIES}")
-  common = dict(vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
-                n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
-                mlp_dim=hf["intermediate_size"], rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-                tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                max_seq_len=hf.get("max_position_embeddings", 4096), dtype=dtype,
-                param_dtype=dtype, **_rope(hf))
-  if hf.get("hidden_act", "silu") != "silu":
-    raise CheckpointError(f"hidden_act {hf['hidden_act']!r} is not supported (silu)")
-  if family in ("qwen2", "qwen3", "qwen3_moe", "llama"):
-    if family != "qwen2" and hf.get("attention_bias"):
-      raise CheckpointError("attention_bias=True (an o_proj bias) is not supported")
-    if hf.get("mlp_bias"):
-      raise CheckpointError("mlp_bias=True is not supported")
-    cfg = dict(common, attention="gqa", n_kv_heads=hf.get("num_key_value_heads") or 0,
-               head_dim=hf.get("head_dim") or 0, qkv_bias=family == "qwen2",
-               qk_norm=family in ("qwen3", "qwen3_moe"))
-    if family == "qwen3_moe":
-      if hf.get("mlp_only_layers") or hf.get("decoder_sparse_step", 1) != 1:
-        raise CheckpointError("qwen3_moe with mlp_only_layers / decoder_sparse_step != 1 is "
-                              "not supported")
-      cfg.update(n_experts=hf.get("num_experts") or hf["num_local_experts"],
-                 n_experts_per_tok=hf["num_experts_per_tok"],
-                 moe_mlp_dim=hf["moe_intermediate_size"], router="softmax",
-                 norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
-    return ModelConfig(**cfg)
-  # deepseek_v3 / deepseek_v32
+def _gqa_from_hf(hf: dict) -> dict:
+  if hf.get("mlp_bias"):
+    raise CheckpointError("mlp_bias=True is not supported")
+  return dict(n_kv_heads=hf.get("num_key_value_heads") or 0, head_dim=hf.get("head_dim") or 0)
+
+
+def _gqa_to_hf(cfg: ModelConfig) -> dict:
+  return dict(num_key_value_heads=cfg.kv_heads, head_dim=cfg.gqa_head_dim)
+
+
+def _mla_from_hf(hf: dict) -> dict:
   if hf.get("num_key_value_heads", hf["num_attention_heads"]) != hf["num_attention_heads"]:
     raise CheckpointError("MLA checkpoints need num_key_value_heads == num_attention_heads")
   layer_kinds = hf.get("mlp_layer_types")
@@ -126,43 +102,145 @@ def _config_from_hf(hf: dict, dtype: str) -> ModelConfig:
     first_k_dense = layer_kinds.index("sparse") if "sparse" in layer_kinds else len(layer_kinds)
     if any(k != "sparse" for k in layer_kinds[first_k_dense:]):
       raise CheckpointError(f"mlp_layer_types {layer_kinds}: only a dense prefix is supported")
-  cfg = dict(common, attention="mla", q_lora_rank=hf.get("q_lora_rank") or 0,
-             kv_lora_rank=hf["kv_lora_rank"], qk_nope_head_dim=hf["qk_nope_head_dim"],
-             qk_rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"],
-             rope_interleave=bool(hf.get("rope_interleave", True)),
-             n_experts=hf.get("n_routed_experts") or hf.get("num_local_experts"),
-             n_experts_per_tok=hf["num_experts_per_tok"],
-             moe_mlp_dim=hf["moe_intermediate_size"],
-             n_shared_experts=hf.get("n_shared_experts") or 0, first_k_dense=first_k_dense,
-             router="sigmoid_noaux", norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
-             routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
-             n_group=hf.get("n_group") or 1, topk_group=hf.get("topk_group") or 1)
-  if family == "deepseek_v32":
-    cfg.update(dsa=True, rope_interleave=True, index_n_heads=hf["index_n_heads"],
-               index_head_dim=hf["index_head_dim"], index_topk=hf["index_topk"])
-  return ModelConfig(**cfg)
+  return dict(q_lora_rank=hf.get("q_lora_rank") or 0,
+              kv_lora_rank=hf["kv_lora_rank"], qk_nope_head_dim=hf["qk_nope_head_dim"],
+              qk_rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"],
+              rope_interleave=bool(hf.get("rope_interleave", True)),
+              n_experts=hf.get("n_routed_experts") or hf.get("num_local_experts"),
+              n_experts_per_tok=hf["num_experts_per_tok"],
+              moe_mlp_dim=hf["moe_intermediate_size"],
+              n_shared_experts=hf.get("n_shared_experts") or 0, first_k_dense=first_k_dense,
+              norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
+              routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
+              n_group=hf.get("n_group") or 1, topk_group=hf.get("topk_group") or 1)
+
+
+def _mla_to_hf(cfg: ModelConfig) -> dict:
+  return dict(num_key_value_heads=cfg.n_heads, q_lora_rank=cfg.q_lora_rank or None,
+              kv_lora_rank=cfg.kv_lora_rank, qk_nope_head_dim=cfg.qk_nope_head_dim,
+              qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim,
+              head_dim=cfg.qk_rope_head_dim, rope_interleave=cfg.rope_interleave,
+              n_routed_experts=cfg.n_experts, num_experts_per_tok=cfg.n_experts_per_tok,
+              moe_intermediate_size=cfg.moe_mlp_dim, n_shared_experts=cfg.n_shared_experts,
+              first_k_dense_replace=cfg.first_k_dense, n_group=cfg.n_group,
+              topk_group=cfg.topk_group, routed_scaling_factor=cfg.routed_scaling_factor,
+              norm_topk_prob=cfg.norm_topk_prob)
+
+
+def _qwen3_moe_from_hf(hf: dict) -> dict:
+  if hf.get("mlp_only_layers") or hf.get("decoder_sparse_step", 1) != 1:
+    raise CheckpointError("qwen3_moe with mlp_only_layers / decoder_sparse_step != 1 is "
+                          "not supported")
+  return dict(n_experts=hf.get("num_experts") or hf["num_local_experts"],
+              n_experts_per_tok=hf["num_experts_per_tok"],
+              moe_mlp_dim=hf["moe_intermediate_size"],
+              norm_topk_prob=bool(hf.get("norm_topk_prob", False)))
+
+
+def _qwen3_moe_to_hf(cfg: ModelConfig) -> dict:
+  return dict(num_experts=cfg.n_experts, num_experts_per_tok=cfg.n_experts_per_tok,
+              moe_intermediate_size=cfg.moe_mlp_dim, norm_topk_prob=cfg.norm_topk_prob,
+              decoder_sparse_step=1, mlp_only_layers=[])
+
+
+def _dsa_from_hf(hf: dict) -> dict:
+  return dict(index_n_heads=hf["index_n_heads"], index_head_dim=hf["index_head_dim"],
+              index_topk=hf["index_topk"])
+
+
+def _dsa_to_hf(cfg: ModelConfig) -> dict:
+  return dict(index_n_heads=cfg.index_n_heads, index_head_dim=cfg.index_head_dim,
+              index_topk=cfg.index_topk,
+              mlp_layer_types=["dense" if i < cfg.first_k_dense else "sparse"
+                               for i in range(cfg.n_layers)])
+
+
+# How each attention kind's fields read from and write to config.json.
+ATTENTION_FIELDS = {"gqa": (_gqa_from_hf, _gqa_to_hf), "mla": (_mla_from_hf, _mla_to_hf)}
+
+
+def _none(_) -> dict:
+  return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """One HF `model_type`. `switches` are the ModelConfig fields that identify it: an import sets
+  them, and a model exports as the one family whose switches it matches (`moe`: whether it has
+  experts). `read` / `write` carry the family's config.json fields beyond those of its attention
+  kind (models/hf.py ATTENTION_FIELDS) and the fields every family shares."""
+  architecture: str
+  switches: dict[str, Any]
+  read: Callable[[dict], dict] = _none
+  write: Callable[[ModelConfig], dict] = _none
+
+
+_DENSE_GQA = dict(attention="gqa", moe=False, dsa=False)
+_DEEPSEEK = dict(attention="mla", moe=True, router="sigmoid_noaux", qk_norm=False,
+                 qkv_bias=False)
+FAMILIES = {
+    "llama": Family("LlamaForCausalLM", dict(_DENSE_GQA, qk_norm=False, qkv_bias=False)),
+    "qwen2": Family("Qwen2ForCausalLM", dict(_DENSE_GQA, qk_norm=False, qkv_bias=True)),
+    "qwen3": Family("Qwen3ForCausalLM", dict(_DENSE_GQA, qk_norm=True, qkv_bias=False)),
+    "qwen3_moe": Family("Qwen3MoeForCausalLM",
+                        dict(attention="gqa", moe=True, dsa=False, qk_norm=True, qkv_bias=False,
+                             router="softmax", first_k_dense=0),
+                        _qwen3_moe_from_hf, _qwen3_moe_to_hf),
+    "deepseek_v3": Family("DeepseekV3ForCausalLM", dict(_DEEPSEEK, dsa=False)),
+    "deepseek_v32": Family("DeepseekV32ForCausalLM", dict(_DEEPSEEK, dsa=True, rope_interleave=True),
+                           _dsa_from_hf, _dsa_to_hf),
+}
+
+
+def _switch(cfg: ModelConfig, name: str):
+  return cfg.is_moe if name == "moe" else getattr(cfg, name)
+
+
+def _config_from_hf(hf: dict, dtype: str) -> ModelConfig:
+  family = FAMILIES.get(hf.get("model_type"))
+  if family is None:
+    raise CheckpointError(f"model_type {hf.get('model_type')!r} is not supported; supported: "
+                          f"{', '.join(FAMILIES)}")
+  if hf.get("hidden_act", "silu") != "silu":
+    raise CheckpointError(f"hidden_act {hf['hidden_act']!r} is not supported (silu)")
+  # qwen2's q/k/v biases are implied by its model_type; an attention_bias elsewhere is an
+  # o_proj bias, which no model here has.
+  if hf.get("attention_bias") and not family.switches["qkv_bias"]:
+    raise CheckpointError("attention_bias=True (an o_proj bias) is not supported")
+  from_hf, _ = ATTENTION_FIELDS[family.switches["attention"]]
+  fields = dict(vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
+                n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
+                mlp_dim=hf["intermediate_size"], rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+                tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                max_seq_len=hf.get("max_position_embeddings", 4096), dtype=dtype,
+                param_dtype=dtype, **_rope(hf))
+  fields.update(from_hf(hf))
+  fields.update(family.read(hf))
+  fields.update({k: v for k, v in family.switches.items() if k != "moe"})
+  return ModelConfig(**fields)
 
 
 def family_of(cfg: ModelConfig) -> str:
-  if cfg.attention == "mla":
-    if not cfg.is_moe or cfg.router != "sigmoid_noaux":
-      raise CheckpointError("an MLA model exports as deepseek_v3/v32, which needs a "
-                            "sigmoid_noaux MoE")
-    return "deepseek_v32" if cfg.dsa else "deepseek_v3"
-  if cfg.is_moe:
-    if not cfg.qk_norm or cfg.router != "softmax" or cfg.qkv_bias or cfg.first_k_dense:
-      raise CheckpointError("a GQA MoE model exports as qwen3_moe: qk_norm, softmax router, "
-                            "no qkv bias, no dense prefix")
-    return "qwen3_moe"
-  if cfg.qk_norm:
-    if cfg.qkv_bias:
-      raise CheckpointError("qkv_bias together with qk_norm has no HF family here")
-    return "qwen3"
-  return "qwen2" if cfg.qkv_bias else "llama"
+  """The HF model_type `cfg` exports as: the family whose switches it matches (CheckpointError
+  naming what each family needs where none does)."""
+  needs = {}
+  for name, family in FAMILIES.items():
+    differ = {k: v for k, v in family.switches.items() if _switch(cfg, k) != v}
+    if not differ:
+      return name
+    needs[name] = differ
+  closest = sorted(needs, key=lambda n: len(needs[n]))[:2]
+  raise CheckpointError(
+      "no HF family matches this model (attention, moe, dsa, qk_norm, qkv_bias, router, "
+      "first_k_dense, rope_interleave); the closest: "
+      + "; ".join(f"{n} needs {', '.join(f'{k}={v}' for k, v in needs[n].items())}"
+                  for n in closest))
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
-  family = family_of(cfg)
+  """The config.json of `cfg` under its family (family_of)."""
+  name = family_of(cfg)
+  family = FAMILIES[name]
   rope: dict[str, Any] = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
   if cfg.yarn_factor > 1:
     rope.update(rope_type="yarn", factor=cfg.yarn_factor,
@@ -175,35 +253,14 @@ def config_to_hf(cfg: ModelConfig) -> dict:
                 low_freq_factor=cfg.llama3_low_freq_factor,
                 high_freq_factor=cfg.llama3_high_freq_factor,
                 original_max_position_embeddings=cfg.llama3_original_max_len)
-  hf: dict[str, Any] = dict(
-      model_type=family, architectures=[ARCHITECTURES[family]], vocab_size=cfg.vocab_size,
+  _, to_hf = ATTENTION_FIELDS[cfg.attention]
+  return dict(
+      model_type=name, architectures=[family.architecture], vocab_size=cfg.vocab_size,
       hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
       num_attention_heads=cfg.n_heads, intermediate_size=cfg.mlp_dim,
       rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_embeddings,
       max_position_embeddings=cfg.max_seq_len, hidden_act="silu", rope_parameters=rope,
-      torch_dtype=cfg.param_dtype, attention_bias=False)
-  if cfg.attention == "gqa":
-    hf.update(num_key_value_heads=cfg.kv_heads, head_dim=cfg.gqa_head_dim)
-    if family == "qwen3_moe":
-      hf.update(num_experts=cfg.n_experts, num_experts_per_tok=cfg.n_experts_per_tok,
-                moe_intermediate_size=cfg.moe_mlp_dim, norm_topk_prob=cfg.norm_topk_prob,
-                decoder_sparse_step=1, mlp_only_layers=[])
-    return hf
-  hf.update(num_key_value_heads=cfg.n_heads, q_lora_rank=cfg.q_lora_rank or None,
-            kv_lora_rank=cfg.kv_lora_rank, qk_nope_head_dim=cfg.qk_nope_head_dim,
-            qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim,
-            head_dim=cfg.qk_rope_head_dim, rope_interleave=cfg.rope_interleave,
-            n_routed_experts=cfg.n_experts, num_experts_per_tok=cfg.n_experts_per_tok,
-            moe_intermediate_size=cfg.moe_mlp_dim, n_shared_experts=cfg.n_shared_experts,
-            first_k_dense_replace=cfg.first_k_dense, n_group=cfg.n_group,
-            topk_group=cfg.topk_group, routed_scaling_factor=cfg.routed_scaling_factor,
-            norm_topk_prob=cfg.norm_topk_prob)
-  if cfg.dsa:
-    hf.update(index_n_heads=cfg.index_n_heads, index_head_dim=cfg.index_head_dim,
-              index_topk=cfg.index_topk,
-              mlp_layer_types=["dense" if i < cfg.first_k_dense else "sparse"
-                               for i in range(cfg.n_layers)])
-  return hf
+      torch_dtype=cfg.param_dtype, attention_bias=False, **to_hf(cfg), **family.write(cfg))
 
 
 # ---------------------------------------------------------------------------------- Mapping

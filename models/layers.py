@@ -18,16 +18,12 @@ import kernels
 from models.config import ModelConfig, yarn_get_mscale
 
 
-def dtype_of(name: str) -> jnp.dtype:
-  return jnp.dtype(name)
-
-
 def param(rngs: nnx.Rngs, shape: Sequence[int], axes: Sequence[str | None], *,
           std: float | None = None, init: str = "normal", dtype: str = "float32") -> nnx.Param:
   """A parameter with logical axis names; init is "normal" (given std), "zeros" or "ones"."""
   if len(shape) != len(axes):
     raise ValueError(f"shape {shape} and logical axes {axes} differ in rank")
-  dt = dtype_of(dtype)
+  dt = jnp.dtype(dtype)
   if init == "normal":
     value = (std * jax.random.normal(rngs.params(), tuple(shape), jnp.float32)).astype(dt)
   elif init == "zeros":
@@ -87,7 +83,7 @@ class Dense(nnx.Module):
                cfg: ModelConfig, *, rngs: nnx.Rngs, bias: bool = False):
     out_shape = (out_shape,) if isinstance(out_shape, int) else tuple(out_shape)
     self.out_shape = out_shape
-    self.compute_dtype = dtype_of(cfg.dtype)
+    self.compute_dtype = jnp.dtype(cfg.dtype)
     self.out_major = False  # kernel stored [*out, in]: set by `kernels_out_in`
     self.kernel = param(rngs, (in_dim, *out_shape), axes, std=cfg.init_std,
                         dtype=cfg.param_dtype)
@@ -174,7 +170,7 @@ class LayerNorm(nnx.Module):
 
 class Embed(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.compute_dtype = dtype_of(cfg.dtype)
+    self.compute_dtype = jnp.dtype(cfg.dtype)
     self.embedding = param(rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"),
                            std=cfg.init_std, dtype=cfg.param_dtype)
 

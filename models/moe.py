@@ -32,7 +32,7 @@ from flax import nnx
 import kernels
 from models import moe_ep
 from models.config import ModelConfig
-from models.layers import MLP, dtype_of, param
+from models.layers import MLP, param
 
 
 class RouterBias(nnx.Variable):
@@ -207,7 +207,7 @@ class MoE(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    self.compute_dtype = dtype_of(cfg.dtype)
+    self.compute_dtype = jnp.dtype(cfg.dtype)
     e, d, f = cfg.n_experts, cfg.d_model, cfg.moe_mlp_dim
     self.router = Router(cfg, rngs=rngs)
     self.w_gate = param(rngs, (e, d, f), ("experts", "embed", "mlp"), std=cfg.init_std,

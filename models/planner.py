@@ -2,7 +2,7 @@
 should use on N devices of a given kind, from analytic memory and roofline step-time estimates.
 
 For every factorisation of the device count into the mesh axes data x fsdp x expert x tensor
-(the "sequence" axis stays 1) and every remat policy and optimiser placement asked for, it
+and every remat policy and optimiser placement asked for, it
 estimates per device:
 
   memory  parameters, AdamW state, gradients (accumulator + one micro-batch), the frozen KL
@@ -228,7 +228,7 @@ def candidate_meshes(cfg: ModelConfig, devices: int, device: DeviceSpec,
         continue
       for fsdp in _divisors(devices // (tensor * expert)):
         data = devices // (tensor * expert * fsdp)
-        meshes.append(dict(data=data, fsdp=fsdp, expert=expert, sequence=1, tensor=tensor))
+        meshes.append(dict(data=data, fsdp=fsdp, expert=expert, tensor=tensor))
   return meshes
 
 

@@ -8,7 +8,7 @@ dimension is sharded over a mesh axis only when that axis exists, has size > 1, 
 used by another dimension of the same array, and divides the dimension; otherwise it stays
 replicated along that axis.
 
-Meshes have the axes (data, fsdp, expert, sequence, tensor), outermost first: the innermost
+Meshes have the axes (data, fsdp, expert, tensor), outermost first: the innermost
 axis gets the closest devices, so tensor parallelism (the chattiest) stays inside a chip
 group. `mesh_from_config` also takes across-slice (DCN) sizes for multi-slice TPU pods or
 multi-host GPU clusters; an axis's full size is its in-slice size times its DCN size, with
@@ -34,18 +34,14 @@ from kernels import ROW_AXES
 from models.config import get_config
 from models.transformer import Transformer
 
-# "sequence" (context parallelism) sits inside "expert" and outside "tensor"; an absent axis
-# has size 1, so meshes that do not name it are laid out exactly as before it existed.
-MESH_AXES = ("data", "fsdp", "expert", "sequence", "tensor")
-
-# The mesh axes a batch's rows split over: the "batch" rule below, the trainer's placement, the
-# dry run and the kernels' shard_map (which defines them: kernels sit below models).
-BATCH_AXES = ROW_AXES
+# An axis a mesh does not name has size 1. There is no context-parallel axis: a sequence is never
+# split over devices ("length" maps to no mesh axis).
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
 
 # logical axis -> mesh axes it may be sharded over (in order).
 DEFAULT_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("batch", BATCH_AXES),
-    ("length", ("sequence",)),
+    ("batch", ROW_AXES),  # the rows' mesh axes, as the kernels' shard_map splits them
+    ("length", ()),
     ("vocab", ("tensor",)),
     ("embed", ("fsdp",)),
     ("heads", ("tensor",)),

@@ -9,7 +9,8 @@ import ml_collections
 from flax import nnx
 
 from models import hf
-from models.config import KERNEL_BACKENDS, ModelConfig
+import kernels
+from models.config import ModelConfig
 from models.transformer import Transformer
 from rl.core.checks import allowed
 
@@ -26,7 +27,7 @@ def model_config(c: ml_collections.ConfigDict) -> ModelConfig:
   if fields.pop("kernel_backend", "auto") != "auto":
     raise ValueError("config.model.kernel_backend is not read: set config.kernel_backend")
   fields["kernel_backend"] = c.get("kernel_backend", "auto")
-  allowed("kernel_backend", fields["kernel_backend"], KERNEL_BACKENDS)
+  allowed("kernel_backend", fields["kernel_backend"], kernels.BACKENDS)
   try:
     return ModelConfig(**fields)
   except ValueError as e:

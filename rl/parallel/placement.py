@@ -204,7 +204,7 @@ class Placement:
   def warn_unsplit_rows(self, rows: int, what: str) -> bool:
     """Logs a warning (and returns True) when `rows` do not split over the batch axes: they
     are then replicated over those axes, every device repeating the same rows' compute."""
-    ways = math.prod(self.mesh.shape[a] for a in sharding_lib.BATCH_AXES)
+    ways = math.prod(self.mesh.shape[a] for a in sharding_lib.ROW_AXES)
     if rows % ways == 0:
       return False
     logging.warning("%s of %d rows does not split over the mesh's batch axes (data x fsdp x "

@@ -205,6 +205,54 @@ def test_export_round_trip(family, ckpt_root, tmp_path):
     np.testing.assert_allclose(got[b, :n], expected[b, :n], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_each_family_exports_under_its_own_model_type(family, ckpt_root):
+  """A checkpoint of each family imports to a config whose export names the same model_type
+  and reads back to a config that exports the same (models/hf.py FAMILIES: one entry per
+  family; a derived size such as qwen2's head_dim is written out)."""
+  cfg = hf.load_pretrained(hf_checkpoint(family, ckpt_root), dtype="float32").cfg
+  assert hf.family_of(cfg) == family
+  exported = hf.config_to_hf(cfg)
+  assert hf.config_to_hf(hf.config_from_hf(exported, dtype="float32")) == exported
+
+
+def test_a_model_of_no_family_is_refused_naming_the_closest():
+  """A GQA MoE without qk_norm matches no family: the error names the nearest families and the
+  switches they need, before any tensor is written."""
+  from models.config import get_config
+  cfg = get_config("tiny_qwen3_moe")
+  assert hf.family_of(cfg) == "qwen3_moe"
+  with pytest.raises(hf.CheckpointError, match="qwen3_moe needs qk_norm=True$"):
+    hf.family_of(cfg.replace(qk_norm=False))
+
+
+def test_a_family_is_one_table_entry(ckpt_root, monkeypatch):
+  """Adding an HF family is one FAMILIES entry (here Mistral, registered from this test, whose
+  config.json reader refuses a sliding window shorter than the context) plus its tiny fixture:
+  the imported model's logits match transformers'."""
+  def mistral_from_hf(config: dict) -> dict:
+    window = config.get("sliding_window")
+    if window and window < config["max_position_embeddings"]:
+      raise hf.CheckpointError(f"sliding_window={window} is not supported")
+    return {}
+  monkeypatch.setitem(hf.FAMILIES, "mistral", hf.Family(
+      "MistralForCausalLM", dict(attention="gqa", moe=False, dsa=False, qk_norm=False,
+                                 qkv_bias=False), mistral_from_hf))
+  monkeypatch.setitem(tiny_hf.FAMILIES, "mistral", (
+      transformers.MistralConfig, transformers.MistralForCausalLM,
+      dict(num_key_value_heads=2, head_dim=8, sliding_window=None)))
+  path = tiny_hf.hf_checkpoint("mistral", ckpt_root)
+  model = hf.load_pretrained(path, dtype="float32")
+  tokens, mask, lengths = padded_batch()
+  got, _ = hf_logits(path, tokens, mask)
+  expected = our_logits(model, tokens)
+  for b, n in enumerate(lengths):
+    np.testing.assert_allclose(expected[b, :n], got[b, :n], atol=1e-4, rtol=0)
+  windowed = tiny_hf.hf_checkpoint("mistral", str(ckpt_root) + "/windowed", sliding_window=16)
+  with pytest.raises(hf.CheckpointError, match="sliding_window=16"):
+    hf.load_pretrained(windowed)
+
+
 def test_sharded_load_on_8_device_mesh(ckpt_root):
   """Loading onto an fsdp2 x tensor4 mesh gives sharded parameters with the same values."""
   path = hf_checkpoint("qwen3_moe", ckpt_root)

@@ -18,7 +18,7 @@ from rl.config.validation import validate
 from rl.parallel import placement
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-MESH_AXES = dict(data=1, fsdp=1, expert=1, sequence=1, tensor=1)
+MESH_AXES = dict(data=1, fsdp=1, expert=1, tensor=1)
 
 
 def small_config(preset: str, mesh: dict, remat: str, **model):

@@ -18,17 +18,16 @@ def _ids(mesh):
   return np.vectorize(lambda d: d.id)(mesh.devices)
 
 
-def test_make_mesh_layout_is_unchanged_by_the_sequence_axis():
-  """make_mesh({"fsdp": 2, "tensor": 4}) still puts devices 0..7 in row-major (fsdp, tensor)
-  order; the sequence axis exists with size 1 and the batch/length rules shard over it only
-  when it is > 1."""
+def test_make_mesh_lays_devices_out_row_major():
+  """make_mesh({"fsdp": 2, "tensor": 4}) puts devices 0..7 in row-major (fsdp, tensor) order,
+  unnamed axes have size 1, rows split over the batch axes and a sequence is never split."""
   mesh = sharding_lib.make_mesh({"fsdp": 2, "tensor": 4})
   assert mesh.axis_names == sharding_lib.MESH_AXES
-  assert dict(mesh.shape)["sequence"] == 1
+  assert dict(mesh.shape)["expert"] == 1
   np.testing.assert_array_equal(_ids(mesh).reshape(2, 4), np.arange(8).reshape(2, 4))
   assert sharding_lib.logical_to_spec(("batch", "length"), (8, 16), mesh) == P("fsdp", None)
-  seq = sharding_lib.make_mesh({"data": 2, "sequence": 4})
-  assert sharding_lib.logical_to_spec(("batch", "length"), (8, 16), seq) == P("data", "sequence")
+  with pytest.raises(ValueError, match="mesh axes \\['sequence'\\] unknown"):
+    sharding_lib.make_mesh({"data": 2, "sequence": 4})
 
 
 def test_mesh_from_config_lays_out_dcn_like_the_hybrid_mesh():
@@ -36,11 +35,11 @@ def test_mesh_from_config_lays_out_dcn_like_the_hybrid_mesh():
   CPU layout equals jax's create_hybrid_device_mesh on devices that carry a slice_index."""
   cfg = {"fsdp": -1, "tensor": 2, "dcn": {"data": 2}}
   mesh = sharding_lib.mesh_from_config(cfg)
-  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "expert": 1, "sequence": 1, "tensor": 2}
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}
   assert sorted(_ids(mesh)[0].ravel()) == [0, 1, 2, 3]  # slice 0 = the first 4 devices
 
-  ici = [1, 2, 1, 1, 2]
-  dcn = [1, 1, 2, 1, 1]  # expert parallel across slices
+  ici = [1, 2, 1, 2]
+  dcn = [1, 1, 2, 1]  # expert parallel across slices
   mesh = sharding_lib.mesh_from_config({"fsdp": 2, "tensor": 2, "dcn": {"expert": 2}})
   fakes = [types.SimpleNamespace(id=i, slice_index=i // 4, platform="cpu", device_kind="cpu",
                                  process_index=0) for i in range(8)]
