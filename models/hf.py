@@ -144,12 +144,15 @@ def _qwen3_moe_to_hf(cfg: ModelConfig) -> dict:
 
 
 def _dsa_from_hf(hf: dict) -> dict:
+  # HF's DeepSeek-V3.2 always lays the MLA rope dims out pair-interleaved.
   return dict(index_n_heads=hf["index_n_heads"], index_head_dim=hf["index_head_dim"],
-              index_topk=hf["index_topk"])
+              index_topk=hf["index_topk"], rope_interleave=True)
 
 
 def _dsa_to_hf(cfg: ModelConfig) -> dict:
-  return dict(index_n_heads=cfg.index_n_heads, index_head_dim=cfg.index_head_dim,
+  # A half-split model's rope columns are interleaved on export (param_mapping).
+  return dict(rope_interleave=True, index_n_heads=cfg.index_n_heads,
+              index_head_dim=cfg.index_head_dim,
               index_topk=cfg.index_topk,
               mlp_layer_types=["dense" if i < cfg.first_k_dense else "sparse"
                                for i in range(cfg.n_layers)])
@@ -187,8 +190,8 @@ FAMILIES = {
                              router="softmax", first_k_dense=0),
                         _qwen3_moe_from_hf, _qwen3_moe_to_hf),
     "deepseek_v3": Family("DeepseekV3ForCausalLM", dict(_DEEPSEEK, dsa=False)),
-    "deepseek_v32": Family("DeepseekV32ForCausalLM", dict(_DEEPSEEK, dsa=True, rope_interleave=True),
-                           _dsa_from_hf, _dsa_to_hf),
+    "deepseek_v32": Family("DeepseekV32ForCausalLM", dict(_DEEPSEEK, dsa=True), _dsa_from_hf,
+                           _dsa_to_hf),
 }
 
 
@@ -232,7 +235,7 @@ def family_of(cfg: ModelConfig) -> str:
   closest = sorted(needs, key=lambda n: len(needs[n]))[:2]
   raise CheckpointError(
       "no HF family matches this model (attention, moe, dsa, qk_norm, qkv_bias, router, "
-      "first_k_dense, rope_interleave); the closest: "
+      "first_k_dense); the closest: "
       + "; ".join(f"{n} needs {', '.join(f'{k}={v}' for k, v in needs[n].items())}"
                   for n in closest))
 
@@ -254,19 +257,31 @@ def config_to_hf(cfg: ModelConfig) -> dict:
                 high_freq_factor=cfg.llama3_high_freq_factor,
                 original_max_position_embeddings=cfg.llama3_original_max_len)
   _, to_hf = ATTENTION_FIELDS[cfg.attention]
-  return dict(
+  out = dict(
       model_type=name, architectures=[family.architecture], vocab_size=cfg.vocab_size,
       hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
       num_attention_heads=cfg.n_heads, intermediate_size=cfg.mlp_dim,
       rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_embeddings,
       max_position_embeddings=cfg.max_seq_len, hidden_act="silu", rope_parameters=rope,
-      torch_dtype=cfg.param_dtype, attention_bias=False, **to_hf(cfg), **family.write(cfg))
+      torch_dtype=cfg.param_dtype, attention_bias=False)
+  out.update(to_hf(cfg))
+  out.update(family.write(cfg))
+  return out
 
 
 # ---------------------------------------------------------------------------------- Mapping
 
 def _t(x):  # HF Linear [out, in] -> ours [in, out]
   return np.ascontiguousarray(x.T)
+
+
+def _rope_layout(x: np.ndarray, rope: int, *, interleave: bool) -> np.ndarray:
+  """x with its last `rope` columns moved from the half-split order (i paired with i + rope/2)
+  to the pair-interleaved one (2i with 2i + 1), or back."""
+  head, tail = x[..., :-rope], x[..., -rope:]
+  pairs = (2, rope // 2) if interleave else (rope // 2, 2)
+  tail = tail.reshape(*tail.shape[:-1], *pairs).swapaxes(-1, -2).reshape(tail.shape)
+  return np.concatenate([head, tail], axis=-1)
 
 
 def param_mapping(cfg: ModelConfig) -> dict[tuple, tuple[list[str], Callable, Callable]]:
@@ -291,6 +306,17 @@ def param_mapping(cfg: ModelConfig) -> dict[tuple, tuple[list[str], Callable, Ca
   def copy(path, name, shape=None):
     m[path] = ([name], (lambda w: w.reshape(shape)) if shape else (lambda w: w),
                lambda x: [x.reshape(-1) if shape else x])
+
+  def rope_columns(path):
+    """HF's DeepSeek-V3.2 reads the MLA rope dims (the last qk_rope_head_dim output columns of
+    q and of kv_a) pair-interleaved; a half-split model of ours exports them interleaved, which
+    is exact (q and k move alike)."""
+    if not (cfg.dsa and not cfg.rope_interleave):
+      return
+    names, to_ours, to_hf = m[path]
+    r = cfg.qk_rope_head_dim
+    m[path] = (names, lambda w: _rope_layout(to_ours(w), r, interleave=False),
+               lambda k: to_hf(_rope_layout(k, r, interleave=True)))
 
   def mlp(prefix, hf_prefix):
     for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
@@ -323,9 +349,12 @@ def param_mapping(cfg: ModelConfig) -> dict[tuple, tuple[list[str], Callable, Ca
         linear(A + ("wq_a", "kernel"), f"{ha}.q_a_proj.weight")
         copy(A + ("q_norm", "scale"), f"{ha}.q_a_layernorm.weight")
         linear(A + ("wq_b", "kernel"), f"{ha}.q_b_proj.weight", (h, cfg.qk_head_dim))
+        rope_columns(A + ("wq_b", "kernel"))
       else:
         linear(A + ("wq", "kernel"), f"{ha}.q_proj.weight", (h, cfg.qk_head_dim))
+        rope_columns(A + ("wq", "kernel"))
       linear(A + ("wkv_a", "kernel"), f"{ha}.kv_a_proj_with_mqa.weight")
+      rope_columns(A + ("wkv_a", "kernel"))
       copy(A + ("kv_norm", "scale"), f"{ha}.kv_a_layernorm.weight")
       linear(A + ("wkv_b", "kernel"), f"{ha}.kv_b_proj.weight",
              (h, cfg.qk_nope_head_dim + cfg.v_head_dim))

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from rl.core.registry import Registry
+from rl.core.sampling import next_token_logprobs
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
              "seq-mean-token-sum-norm")
@@ -188,3 +189,13 @@ def entropy_from_logprobs(logp_all: jax.Array) -> jax.Array:
   kept sampling set) contribute 0 rather than NaN."""
   p = jnp.exp(logp_all)
   return -jnp.sum(jnp.where(p > 0, p * logp_all, 0.0), axis=-1)
+
+
+def response_nll(logits_BTV: jax.Array, tokens_BT: jax.Array, loss_mask_BT: jax.Array, *,
+                 mean: bool = True) -> jax.Array:
+  """NLL of the masked tokens (token t predicted from position t - 1; in a packed row the first
+  token of an example is a prompt token, so no loss crosses a boundary), averaged over them
+  (`mean`) or summed."""
+  mask = loss_mask_BT[:, 1:]
+  nll = -jnp.sum(next_token_logprobs(logits_BTV, tokens_BT) * mask)
+  return nll / jnp.maximum(jnp.sum(mask), 1.0) if mean else nll

@@ -34,7 +34,7 @@ from models.tokenizer import load_tokenizer
 from rl.config.validation import PREFERENCE_HEADS, check_paths, validate
 from rl.core.checks import InputError
 from rl.core.policy import build_policy
-from rl.jobs import evaluation, preference
+from rl.jobs import evaluation, fitting, preference
 from rl.jobs.checkpoint import MetricsWriter, PreemptionGuard, open_stage
 from rl.jobs.progress import Progress
 from rl.rewards.genrm import split_model
@@ -101,7 +101,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   model = initial_model(c)
   task = make_task(c, model, tokenizer, train, heldout)
   graphdef, params, rest = split_model(model)
-  optimizer, step_fn = preference.objective_step(task.objective, graphdef, s.lr, s.weight_decay,
+  optimizer, step_fn = fitting.objective_step(task.objective, graphdef, s.lr, s.weight_decay,
                                                  s.grad_clip, task.static)
   params = jax.tree.map(jnp.copy, params)  # donated by the step
   opt_state = optimizer.init(params)
@@ -130,7 +130,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   logging.info("%s: %d training pairs, %d held out, %d steps of %d pairs; held-out accuracy "
                "%.3f at step 0", name, len(train), len(heldout), total, s.batch_size,
                metrics[f"{name}/heldout_accuracy_start"])
-  batches = preference.batch_indices(len(next(iter(task.data.values()))), s.batch_size, c.seed)
+  batches = fitting.batch_indices(len(next(iter(task.data.values()))), s.batch_size, c.seed)
   for _ in range(start_step):  # the order is the seed's: skip what ran before the restart
     next(batches)
   progress = Progress(total, start=start_step)

@@ -39,12 +39,12 @@ from models.tokenizer import load_tokenizer, pad_batch
 from rl.core.policy import build_policy, model_config
 from rl.config.validation import check_paths, validate
 from rl.core import train_step as ts
+from rl.core.losses import response_nll
 from rl.jobs.checkpoint import MetricsWriter, PreemptionGuard, open_stage
 from rl.jobs.progress import Progress
 from rl.parallel.placement import Placement
 from rl.data.entries import encode_prompts, load_entries
 from rl.rewards import puzzles
-from rl.core.sampling import next_token_logprobs
 
 
 def sft_examples(entries, tokenizer, template: str) -> list[tuple[list[int], list[int]]]:
@@ -133,12 +133,6 @@ def make_batch(examples, pad_id: int, width: int) -> dict[str, np.ndarray]:
           "token_mask": (pos < lengths[:, None]).astype(np.float32)}
 
 
-def response_nll(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array) -> jax.Array:
-  """Summed NLL of the masked tokens (token t predicted from position t - 1; in a packed row
-  the first token of an example is a prompt token, so no loss crosses a boundary)."""
-  return -jnp.sum(next_token_logprobs(logits, tokens) * loss_mask[:, 1:])
-
-
 def is_indexer_path(path) -> bool:
   """Whether a parameter tree path lies inside a DSA lightning indexer."""
   return any(getattr(key, "key", None) == "indexer" for key in path)
@@ -220,8 +214,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
     out = nnx.merge(graphdef, params, rest).forward(
         batch["tokens"], indexer_stage=stage, token_mask=batch["token_mask"],
         positions=batch.get("positions"), segment_ids=batch.get("segment_ids"))
-    loss = response_nll(out.logits, batch["tokens"], batch["loss_mask"]) / jnp.maximum(
-        jnp.sum(batch["loss_mask"][:, 1:]), 1.0)
+    loss = response_nll(out.logits, batch["tokens"], batch["loss_mask"])
     metrics = {}
     if stage is not None:
       # The indexer's inputs and targets are detached: this term trains only the indexer.
@@ -254,7 +247,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   @jax.jit
   def eval_sums(params, rest, batch):
     logits = nnx.merge(graphdef, params, rest)(batch["tokens"])
-    return (response_nll(logits, batch["tokens"], batch["loss_mask"]),
+    return (response_nll(logits, batch["tokens"], batch["loss_mask"], mean=False),
             jnp.sum(batch["loss_mask"][:, 1:]))
 
   def eval_loss(params, rest) -> float:

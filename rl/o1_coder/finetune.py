@@ -1,9 +1,9 @@
 """Supervised fine-tuning on in-memory (prompt, response) text pairs: the warm start of the
 O1-Coder policy (templated reasoning paths) and the SFT stage of the test-case generator.
 
-The loss is rl/jobs/sft.py's response-only NLL (`make_batch`, `response_nll`), token-averaged per
-batch; the optimisation is rl/jobs/preference.py's fixed-shape AdamW loop (`fit_objective`), so this
-file only turns text into rows. `rl/jobs/sft.py::run` is the config-driven SFT job over a run's data
+The loss is rl/jobs/fitting.py's response-only NLL objective, token-averaged per batch, on
+rl/jobs/sft.py's rows (`make_batch`); the optimisation is fitting.py's fixed-shape AdamW loop
+(`fit_objective`), so this file only turns text into rows. `rl/jobs/sft.py::run` is the config-driven SFT job over a run's data
 entries; this is the library form for data generated inside a loop.
 """
 
@@ -11,20 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from models.padding import round_up
-from rl.jobs.preference import fit_objective
-from rl.jobs.sft import make_batch, response_nll
-
-
-def _sft_objective(params, graphdef, rest, batch):
-  logits = nnx.merge(graphdef, params, rest)(batch["tokens"])
-  loss = response_nll(logits, batch["tokens"], batch["loss_mask"]) / jnp.maximum(
-      jnp.sum(batch["loss_mask"][:, 1:]), 1.0)
-  return loss, {}
+from rl.jobs.fitting import fit_objective, response_nll_objective
+from rl.jobs.sft import make_batch
 
 
 def sft_rows(tokenizer, pairs: Sequence[tuple[str, str]], width: int | None = None
@@ -45,7 +37,7 @@ def supervised_finetune(model, tokenizer, pairs: Sequence[tuple[str, str]], *, s
   """`steps` AdamW steps of response NLL on `pairs`; returns a new model and the train loss at
   the start and the end (`model` itself is left unchanged)."""
   graphdef, _, rest = nnx.split(model, nnx.Param, ...)
-  params, metrics = fit_objective("sft", _sft_objective, model, sft_rows(tokenizer, pairs),
+  params, metrics = fit_objective("sft", response_nll_objective, model, sft_rows(tokenizer, pairs),
                                   steps=steps, batch_size=batch_size, lr=lr,
                                   weight_decay=weight_decay, grad_clip=grad_clip, seed=seed,
                                   log_every=log_every)

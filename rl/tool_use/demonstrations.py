@@ -21,7 +21,7 @@ from flax import nnx
 
 from models.tokenizer import IM_END
 from rl.core import train_step as ts
-from rl.core.sampling import next_token_logprobs
+from rl.core.losses import response_nll
 from rl.tool_use import calls, environments
 from rl.tool_use.rollout import ToolRollout
 
@@ -84,9 +84,7 @@ def warm_start(graphdef, params, rest, batches: Sequence[Any], *, steps: int,
 
   def loss_fn(params, tokens, loss_mask, token_mask):
     logits = nnx.merge(graphdef, params, rest).forward(tokens, token_mask=token_mask).logits
-    logp = next_token_logprobs(logits, tokens)
-    mask = loss_mask[:, 1:]
-    return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0), {}
+    return response_nll(logits, tokens, loss_mask), {}
 
   step = jax.jit(ts.gradient_step(loss_fn, optimizer))
 

@@ -13,6 +13,7 @@ import kernels
 from kernels import indexer as pallas_indexer
 from kernels import reference
 from models.transformer import build
+from rl.core.losses import response_nll
 from rl.jobs import sft
 
 
@@ -116,12 +117,12 @@ def test_packed_loss_equals_sum_of_unpacked_losses(preset):
   packed = sft.make_packed_batch(examples, rows, pad_id=0, width=width)
   out = forward(packed["tokens"], positions=packed["positions"],
                 segment_ids=packed["segment_ids"], token_mask=packed["token_mask"])
-  packed_nll = sft.response_nll(out.logits, jnp.asarray(packed["tokens"]),
-                                jnp.asarray(packed["loss_mask"]))
+  packed_nll = response_nll(out.logits, jnp.asarray(packed["tokens"]),
+                            jnp.asarray(packed["loss_mask"]), mean=False)
   single = sft.make_batch(examples, pad_id=0, width=width)
   logits = forward(single["tokens"]).logits
-  single_nll = sft.response_nll(logits, jnp.asarray(single["tokens"]),
-                                jnp.asarray(single["loss_mask"]))
+  single_nll = response_nll(logits, jnp.asarray(single["tokens"]),
+                            jnp.asarray(single["loss_mask"]), mean=False)
   assert packed["loss_mask"].sum() == single["loss_mask"].sum()
   np.testing.assert_allclose(float(packed_nll), float(single_nll), rtol=1e-5)
 
