@@ -145,25 +145,10 @@ def freeze_outside_indexer(params):
       lambda path, x: x if is_indexer_path(path) else jax.lax.stop_gradient(x), params)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, *,
-        allow_config_change: bool = False, job_stage: str = "") -> dict[str, float]:
-  """Trains (or resumes) the SFT stage in `workdir`; returns its metrics. A finished stage is
-  not rerun: its final metrics are returned from the checkpoint. `job_stage` ("stage 1/2")
-  opens the progress lines when SFT is one stage of a longer job.
-
-  <workdir>/metrics.jsonl and TensorBoard get the held-out loss at step 0 and at the end and,
-  every config.sft.log_every steps, the training loss and the step's auxiliary metrics."""
-  t_leg = time.perf_counter()
-  c = config
-  validate(c)
-  check_paths(c)
+def _examples(c: ml_collections.ConfigDict, tokenizer):
+  """The training and held-out (prompt ids, response ids) examples, fitted to the row width
+  (config.sft.max_len, or the longest example), and the width."""
   s = c.sft
-  workdir, ckpt, done = open_stage(c, workdir, save_every=s.checkpoint_every,
-                                   allow_config_change=allow_config_change,
-                                   final_key="sft/eval_loss", what="SFT stage")
-  if done is not None:
-    return done
-  tokenizer = load_tokenizer(c.tokenizer)
   entries, heldout = load_entries(c, tokenizer)
   if s.carry_slip_rate:
     entries = puzzles.with_carry_slips(entries, s.carry_slip_rate, seed=c.seed)
@@ -180,147 +165,214 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
                       cut["dropped"])
   if not train_ex or not eval_ex:
     raise ValueError(f"config.sft.max_len={width}: no SFT example fits")
+  return train_ex, eval_ex, width
 
-  placement = Placement.from_config(c)
-  model = build_policy(c, placement.mesh)
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  rest = jax.device_put(rest, placement.replicated)
-  rng = np.random.default_rng(c.seed)
+
+def _epoch_rows(s: ml_collections.ConfigDict, train_ex, width: int, seed: int):
+  """Each epoch's rows (lists of example indices: one, or several packed) in the seed's order,
+  and each epoch's step count."""
+  rng = np.random.default_rng(seed)
   epoch_orders = [rng.permutation(len(train_ex)) for _ in range(s.epochs)]
   if s.pack:  # rows of several examples; the schedule needs every epoch's row count up front
     lengths = [len(p) + len(r) for p, r in train_ex]
     epoch_rows = [pack_rows(lengths, order, width) for order in epoch_orders]
   else:
     epoch_rows = [[[int(i)] for i in order] for order in epoch_orders]
-  steps_per_epoch = [max(len(rows) // s.batch_size, 1) for rows in epoch_rows]
-  total = sum(steps_per_epoch)
-  optimizer = ts.make_optimizer(lr=s.lr, warmup_steps=s.warmup_steps, decay_steps=total,
-                                final_lr_fraction=s.final_lr_fraction,
-                                weight_decay=s.weight_decay, grad_clip=s.grad_clip)
-  state = placement.train_state(params, optimizer, offload=c.optim.offload_state)
-  params, opt_state = state.params, state.opt_state
-  param_shardings, opt_shardings = placement.state_sharding(state)[:2]
-  host_opt = remat_lib.host_shardings(opt_shardings) if c.optim.offload_state else opt_shardings
+  return epoch_rows, [max(len(rows) // s.batch_size, 1) for rows in epoch_rows]
 
-  model_cfg = model_config(c)
-  dsa = model_cfg.dsa
-  # MoE: one aux-loss-free bias step after every optimiser step, from the load it saw.
-  rebalance = (ts.make_rebalance(graphdef, model_cfg.router_bias_rate)
-               if model_cfg.router_bias_rate else None)
 
-  def loss_fn(params, rest, batch, stage):
-    if stage == "dense_warmup":  # the main model frozen: no gradient reaches it
-      params = freeze_outside_indexer(params)
-    out = nnx.merge(graphdef, params, rest).forward(
-        batch["tokens"], indexer_stage=stage, token_mask=batch["token_mask"],
-        positions=batch.get("positions"), segment_ids=batch.get("segment_ids"))
-    loss = response_nll(out.logits, batch["tokens"], batch["loss_mask"])
-    metrics = {}
-    if stage is not None:
-      # The indexer's inputs and targets are detached: this term trains only the indexer.
-      index = out.indexer_loss / jnp.maximum(jnp.sum(batch["token_mask"]), 1.0)
-      loss, metrics = loss + s.indexer_coef * index, dict(out.indexer_metrics)
-    return ts.add_router_balance(loss, metrics, out.router_stats,
-                                 model_cfg.router_aux_loss_coef, 1.0)
+class _Stage:
+  """The set-up of one SFT stage: data, schedule, sharded state and the jitted programs (the
+  loop is `run`)."""
 
-  optimiser_step = ts.gradient_step(loss_fn, optimizer)
+  def __init__(self, c: ml_collections.ConfigDict):
+    self.c, s = c, c.sft
+    self.tokenizer = load_tokenizer(c.tokenizer)
+    self.train_ex, self.eval_ex, self.width = _examples(c, self.tokenizer)
+    self.epoch_rows, self.steps_per_epoch = _epoch_rows(s, self.train_ex, self.width, c.seed)
+    self.total = sum(self.steps_per_epoch)
+    self.placement = Placement.from_config(c)
+    graphdef, params, rest = nnx.split(build_policy(c, self.placement.mesh), nnx.Param, ...)
+    optimizer = ts.make_optimizer(lr=s.lr, warmup_steps=s.warmup_steps, decay_steps=self.total,
+                                  final_lr_fraction=s.final_lr_fraction,
+                                  weight_decay=s.weight_decay, grad_clip=s.grad_clip)
+    state = self.placement.train_state(params, optimizer, offload=c.optim.offload_state)
+    self.state = {"params": state.params, "rest": jax.device_put(rest, self.placement.replicated),
+                  "opt_state": state.opt_state}
+    self.model_cfg = model_config(c)
+    # MoE: one aux-loss-free bias step after every optimiser step, from the load it saw.
+    self.rebalance = (ts.make_rebalance(graphdef, self.model_cfg.router_bias_rate)
+                      if self.model_cfg.router_bias_rate else None)
+    self.train_step, self.eval_sums = self._programs(graphdef, optimizer, state)
 
-  # Layouts pinned (rl/parallel/placement.py): parameters and optimiser state stay where they were
-  # placed, the optimiser state in host memory between steps with config.optim.offload_state.
-  @functools.partial(jax.jit, static_argnums=4, donate_argnums=(0, 1),
-                     out_shardings=(param_shardings, host_opt, None, None))
-  def train_step(params, opt_state, rest, batch, stage):
-    new_params, opt_state, loss, aux = optimiser_step(
-        params, jax.device_put(opt_state, opt_shardings), rest, batch, stage)
-    if stage == "dense_warmup":  # AdamW's weight decay would still move the frozen parameters
-      new_params = jax.tree.map_with_path(
-          lambda path, new, old: new if is_indexer_path(path) else old, new_params, params)
-    return new_params, opt_state, loss, aux
+  def _programs(self, graphdef, optimizer, state):
+    s, model_cfg, placement = self.c.sft, self.model_cfg, self.placement
 
-  def stage_at(step: int) -> str | None:
+    def loss_fn(params, rest, batch, stage):
+      if stage == "dense_warmup":  # the main model frozen: no gradient reaches it
+        params = freeze_outside_indexer(params)
+      out = nnx.merge(graphdef, params, rest).forward(
+          batch["tokens"], indexer_stage=stage, token_mask=batch["token_mask"],
+          positions=batch.get("positions"), segment_ids=batch.get("segment_ids"))
+      loss = response_nll(out.logits, batch["tokens"], batch["loss_mask"])
+      metrics = {}
+      if stage is not None:
+        # The indexer's inputs and targets are detached: this term trains only the indexer.
+        index = out.indexer_loss / jnp.maximum(jnp.sum(batch["token_mask"]), 1.0)
+        loss, metrics = loss + s.indexer_coef * index, dict(out.indexer_metrics)
+      return ts.add_router_balance(loss, metrics, out.router_stats,
+                                   model_cfg.router_aux_loss_coef, 1.0)
+
+    optimiser_step = ts.gradient_step(loss_fn, optimizer)
+    # Layouts pinned (rl/parallel/placement.py): parameters and optimiser state stay where they
+    # were placed, the optimiser state in host memory between steps with
+    # config.optim.offload_state.
+    param_shardings, opt_shardings = placement.state_sharding(state)[:2]
+    host_opt = (remat_lib.host_shardings(opt_shardings) if self.c.optim.offload_state
+                else opt_shardings)
+
+    @functools.partial(jax.jit, static_argnums=4, donate_argnums=(0, 1),
+                       out_shardings=(param_shardings, host_opt, None, None))
+    def train_step(params, opt_state, rest, batch, stage):
+      new_params, opt_state, loss, aux = optimiser_step(
+          params, jax.device_put(opt_state, opt_shardings), rest, batch, stage)
+      if stage == "dense_warmup":  # AdamW's weight decay would still move the frozen parameters
+        new_params = jax.tree.map_with_path(
+            lambda path, new, old: new if is_indexer_path(path) else old, new_params, params)
+      return new_params, opt_state, loss, aux
+
+    @jax.jit
+    def eval_sums(params, rest, batch):
+      logits = nnx.merge(graphdef, params, rest)(batch["tokens"])
+      return (response_nll(logits, batch["tokens"], batch["loss_mask"], mean=False),
+              jnp.sum(batch["loss_mask"][:, 1:]))
+
+    return train_step, eval_sums
+
+  def stage_at(self, step: int) -> str | None:
     """DSA: a dense warm-up (dense attention, the indexer fitted to it), then sparse training
     with the indexer loss restricted to its own top-k; None for non-DSA models."""
-    if not dsa or not s.indexer_coef:
+    s = self.c.sft
+    if not self.model_cfg.dsa or not s.indexer_coef:
       return None
     return "dense_warmup" if step < s.dense_warmup_steps else "sparse"
 
-  @jax.jit
-  def eval_sums(params, rest, batch):
-    logits = nnx.merge(graphdef, params, rest)(batch["tokens"])
-    return (response_nll(logits, batch["tokens"], batch["loss_mask"], mean=False),
-            jnp.sum(batch["loss_mask"][:, 1:]))
-
-  def eval_loss(params, rest) -> float:
-    nll = count = 0.0
-    for i in range(0, len(eval_ex), s.batch_size):
-      chunk = eval_ex[i:i + s.batch_size]
-      chunk = chunk + chunk[:1] * (s.batch_size - len(chunk))  # fixed shape; repeats unweighted
-      batch = make_batch(chunk, tokenizer.pad_id, width)
-      real = len(eval_ex[i:i + s.batch_size])
+  def eval_loss(self) -> float:
+    """The held-out response NLL per token of the current parameters."""
+    batch_size, nll, count = self.c.sft.batch_size, 0.0, 0.0
+    for i in range(0, len(self.eval_ex), batch_size):
+      chunk = self.eval_ex[i:i + batch_size]
+      real = len(chunk)
+      chunk = chunk + chunk[:1] * (batch_size - real)  # fixed shape; repeats unweighted
+      batch = make_batch(chunk, self.tokenizer.pad_id, self.width)
       batch["loss_mask"][real:] = 0.0
-      with placement.scope():
-        a, b = eval_sums(params, rest, placement.put_batch(batch))
+      with self.placement.scope():
+        a, b = self.eval_sums(self.state["params"], self.state["rest"],
+                              self.placement.put_batch(batch))
       nll, count = nll + float(a), count + float(b)
     return nll / max(count, 1.0)
 
+  def batch(self, epoch: int, i: int) -> dict[str, np.ndarray]:
+    """The i-th batch of an epoch."""
+    s = self.c.sft
+    rows = self.epoch_rows[epoch][i * s.batch_size:(i + 1) * s.batch_size]
+    if s.pack:
+      return make_packed_batch(self.train_ex, rows, self.tokenizer.pad_id, self.width)
+    return make_batch([self.train_ex[r[0]] for r in rows], self.tokenizer.pad_id, self.width)
+
+  def step(self, batch: dict, stage: str | None) -> tuple[jax.Array, dict]:
+    """One optimiser step (and the MoE bias step); the loss and the step's metrics, as device
+    values (an MoE model's among them: its experts' load, "router_load")."""
+    st = self.state
+    with self.placement.scope():
+      st["params"], st["opt_state"], loss, aux = self.train_step(
+          st["params"], st["opt_state"], st["rest"], self.placement.put_batch(batch), stage)
+      if self.rebalance is not None and stage != "dense_warmup":
+        st["rest"] = jax.device_put(self.rebalance(st["params"], st["rest"],
+                                                   aux["router_load"]),
+                                    self.placement.replicated)
+    return loss, aux
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, *,
+        allow_config_change: bool = False, job_stage: str = "") -> dict[str, float]:
+  """Trains (or resumes) the SFT stage in `workdir`; returns its metrics. A finished stage is
+  not rerun: its final metrics are returned from the checkpoint. `job_stage` ("stage 1/2")
+  opens the progress lines when SFT is one stage of a longer job.
+
+  <workdir>/metrics.jsonl and TensorBoard get the held-out loss at step 0 and at the end and,
+  every config.sft.log_every steps, the training loss and the step's auxiliary metrics."""
+  t_leg = time.perf_counter()
+  c = config
+  validate(c)
+  check_paths(c)
+  workdir, ckpt, done = open_stage(c, workdir, save_every=c.sft.checkpoint_every,
+                                   allow_config_change=allow_config_change,
+                                   final_key="sft/eval_loss", what="SFT stage")
+  if done is not None:
+    return done
+  sft = _Stage(c)
   start_step, wall_s_before = 0, 0.0
-  latest = ckpt.restore_latest({"params": params, "rest": rest, "opt_state": opt_state})
+  latest = ckpt.restore_latest(sft.state)
   if latest is None:
     logging.info("compiling the SFT evaluation (held-out loss before training)...")
-    metrics = {"sft/eval_loss_start": eval_loss(params, rest)}
-    resumed = ""
+    metrics = {"sft/eval_loss_start": sft.eval_loss()}
   else:
-    start_step, restored, record = latest
-    params, rest, opt_state = restored["params"], restored["rest"], restored["opt_state"]
+    start_step, sft.state, record = latest
     metrics = {"sft/eval_loss_start": record["sft/eval_loss_start"]}
     wall_s_before = record["sft/wall_s"]
     logging.info("SFT resumed from %s at step %d", ckpt.directory, start_step)
-    resumed = f", resumed at step {start_step}"
   writer = MetricsWriter(workdir, resume_step=start_step)
   if latest is None:
     writer.write(0, {"sft/eval_loss": metrics["sft/eval_loss_start"]})
 
   def save(step: int, *, force: bool = False, **final) -> None:
-    ckpt.save(step, {"params": params, "rest": rest, "opt_state": opt_state},
-              {"step": step, **metrics, **final,
-               "sft/wall_s": wall_s_before + time.perf_counter() - t_leg}, force=force)
+    ckpt.save(step, sft.state, {"step": step, **metrics, **final,
+                                "sft/wall_s": wall_s_before + time.perf_counter() - t_leg},
+              force=force)
 
   # A resumed leg has no current held-out loss (measuring it costs a pass over the held-out
   # set): the figure shown is labelled with the step it was measured at.
   logging.info("%sSFT: %d examples in rows of %d tokens (%.1f per row), %d steps%s, eval loss "
-               "%.4f at step 0", f"[{job_stage}] " if job_stage else "", len(train_ex), width,
-               len(train_ex) / max(len(epoch_rows[0]), 1), total, resumed,
+               "%.4f at step 0", f"[{job_stage}] " if job_stage else "", len(sft.train_ex),
+               sft.width, len(sft.train_ex) / max(len(sft.epoch_rows[0]), 1), sft.total,
+               f", resumed at step {start_step}" if start_step else "",
                metrics["sft/eval_loss_start"])
+  loss, row = _loop(sft, start_step, save, ckpt, writer, job_stage)
+  final = {"sft/eval_loss": sft.eval_loss(), "sft/train_loss": loss}
+  logging.info("SFT done: eval loss %.4f -> %.4f", metrics["sft/eval_loss_start"],
+               final["sft/eval_loss"])
+  writer.write(sft.total, {**row, "sft/eval_loss": final["sft/eval_loss"]})
+  writer.close()
+  save(sft.total, force=True, **final)
+  ckpt.close()
+  return {**metrics, **final, "sft/wall_s": wall_s_before + time.perf_counter() - t_leg}
+
+
+def _loop(sft: _Stage, start_step: int, save, ckpt, writer, job_stage: str
+          ) -> tuple[float, dict[str, float]]:
+  """The steps from `start_step` on, logged every config.sft.log_every steps and saved after
+  each (preemption stops here); the last step's loss and logged row."""
+  s, total = sft.c.sft, sft.total
   progress = Progress(total, start=start_step, stage=job_stage)
-  step = 0
-  loss = float("nan")  # no step left to run in this leg
+  step, loss = 0, float("nan")  # nan: no step left to run in this leg
   compiled_stages = set()
   row: dict[str, float] = {}  # the last logged step's metrics
   with PreemptionGuard() as preemption:
-    for epoch, rows in enumerate(epoch_rows):
-      for i in range(steps_per_epoch[epoch]):
+    for epoch, steps in enumerate(sft.steps_per_epoch):
+      for i in range(steps):
         if step < start_step:  # done before the restart (the order is the seed's)
           step += 1
           continue
-        batch_rows = rows[i * s.batch_size:(i + 1) * s.batch_size]
-        if s.pack:
-          batch = make_packed_batch(train_ex, batch_rows, tokenizer.pad_id, width)
-        else:
-          batch = make_batch([train_ex[r[0]] for r in batch_rows], tokenizer.pad_id, width)
-        stage = stage_at(step)
+        stage = sft.stage_at(step)
         if stage not in compiled_stages:  # each DSA stage is a program of its own
           compiled_stages.add(stage)
           logging.info("compiling the SFT step%s...", f" ({stage})" if stage else "")
-        with placement.scope():
-          params, opt_state, loss, aux = train_step(params, opt_state, rest,
-                                                    placement.put_batch(batch), stage)
-          router_load = aux.pop("router_load", None)
-          if rebalance is not None and stage != "dense_warmup":
-            rest = jax.device_put(rebalance(params, rest, router_load), placement.replicated)
+        loss, aux = sft.step(sft.batch(epoch, i), stage)
         step += 1
         if step % s.log_every == 0 or step == total:
-          if router_load is not None:
-            aux.update(ts.load_metrics(router_load))
+          if "router_load" in aux:
+            aux.update(ts.load_metrics(aux.pop("router_load")))
           row = {"sft/train_loss": float(loss), "epoch": epoch,
                  **{k: float(v) for k, v in aux.items()}}
           extra = "".join(f" {k} {v:.3f}" for k, v in row.items() if k not in
@@ -333,11 +385,4 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
         if step < total:  # the last step's checkpoint is the final one, with its metrics
           save(step)
           preemption.stop_if_requested("SFT", step, total, save, ckpt, writer)
-  final = {"sft/eval_loss": eval_loss(params, rest), "sft/train_loss": float(loss)}
-  logging.info("SFT done: eval loss %.4f -> %.4f", metrics["sft/eval_loss_start"],
-               final["sft/eval_loss"])
-  writer.write(total, {**row, "sft/eval_loss": final["sft/eval_loss"]})
-  writer.close()
-  save(total, force=True, **final)
-  ckpt.close()
-  return {**metrics, **final, "sft/wall_s": wall_s_before + time.perf_counter() - t_leg}
+  return float(loss), row
