@@ -38,6 +38,7 @@ from rl.config.describe import describe_model, describe_rl
 from rl.core.policy import model_config
 from rl.config.validation import validate
 from rl.parallel import placement as placement_lib
+from rl.core import algorithms
 from rl.core import train_step as ts
 from rl.core import batching as batching_lib
 
@@ -89,7 +90,7 @@ def batch_spec(config, cfg: ModelConfig, rows: int, length: int) -> dict[str, ja
   kept_width = placement_lib.workload(config).kept_ids
   if kept_width:
     batch["kept_ids"] = jax.ShapeDtypeStruct((*bt, kept_width), jnp.int32)
-  if rl.kl_coef or rl.kl_coef_per_domain:
+  if algorithms.kl_on(rl):
     batch["logp_ref"] = jax.ShapeDtypeStruct(bt, f32)
     batch["kl_coef"] = jax.ShapeDtypeStruct((rows,), f32)
   return batch
@@ -178,8 +179,7 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
       "optimizer_bytes_per_device": memory.tree_bytes(opt_state, opt_shardings),
       # The accumulated gradients plus one micro-batch's, in the parameters' layout.
       "gradient_bytes_per_device": 2 * param_bytes,
-      "reference_bytes_per_device": param_bytes if (config.rl.kl_coef
-                                                    or config.rl.kl_coef_per_domain) else 0,
+      "reference_bytes_per_device": param_bytes if algorithms.kl_on(config.rl) else 0,
   }
   # An Adam step moves a weight by about lr; below half an ulp of a typical weight (init_std)
   # it rounds away in a 16-bit parameter dtype.
@@ -187,7 +187,8 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   half_ulp = 0.5 * float(jnp.finfo(dtype).eps) * 2.0 ** math.floor(math.log2(cfg.init_std))
   out["updates_round_away"] = (dtype.itemsize < 4 and config.optim.lr < half_ulp
                                and not config.optim.master_weights)
-  critic_bytes = _critic_bytes(cfg, optimizer, mesh) if config.rl.use_critic else 0
+  critic_bytes = (_critic_bytes(cfg, optimizer, mesh) if algorithms.needs_critic(config.rl)
+                  else 0)
   out["critic_bytes_per_device"] = critic_bytes
 
   if prompt_len is None:

@@ -7,8 +7,10 @@ re-indexed densely inside with a static-size `jnp.unique`.
 `ESTIMATOR_REGISTRY` holds the estimators a config names (`config.rl.estimator`), all called
 the same way by `estimate`: `fn(scores [B], group_ids [B], token_rewards [B, T], mask [B, T],
 values [B, T] or None, rl) -> {"advantages": [B, T], ...}`, where `rl` is the config's `rl`
-section; an entry registered with `needs_values=True` (GAE) gets the critic's values and also
-returns the critic's targets ("returns") and the values it used ("values").
+section. An entry declares the keys it returns (`outputs`: they become fields of the update's
+batch, rl/core/train_step.py) and whether it reads the critic's values (`needs_values`): such an
+entry (GAE) is what makes a run train a critic, and it also returns the critic's targets
+("returns") and the values it used ("values"), which the critic's update reads.
 """
 
 from __future__ import annotations
@@ -113,16 +115,27 @@ def reinforce_pp(rewards: jax.Array, mask: jax.Array, *, gamma: float = 1.0) -> 
 
 class Estimator(NamedTuple):
   fn: Callable[..., dict[str, jax.Array]]
-  needs_values: bool  # reads the critic's values (the caller computes them only then)
+  needs_values: bool  # reads the critic's values: the run trains a critic (rl/core/algorithms)
+  outputs: tuple[str, ...]  # the keys fn returns, "advantages" first
 
 
 ESTIMATOR_REGISTRY = Registry("config.rl.estimator")
+CRITIC_TARGETS = ("returns", "values")  # what the critic's update reads of a needs_values entry
 
 
-def register_estimator(name: str, *, needs_values: bool = False) -> Callable:
-  """Decorator: registers an estimator under the calling convention of `estimate`."""
+def register_estimator(name: str, *, needs_values: bool = False,
+                       outputs: tuple[str, ...] = ("advantages",)) -> Callable:
+  """Decorator: registers an estimator under the calling convention of `estimate`, returning
+  the keys `outputs`; ValueError when they lack "advantages" or, with `needs_values`, the
+  critic's targets."""
+  need = ("advantages",) + (CRITIC_TARGETS if needs_values else ())
+  missing = [k for k in need if k not in outputs]
+  if missing:
+    raise ValueError(f"estimator {name!r} (needs_values={needs_values}): outputs "
+                     f"{list(outputs)} lack {missing}")
+
   def decorate(fn):
-    ESTIMATOR_REGISTRY.add(name, Estimator(fn, needs_values))
+    ESTIMATOR_REGISTRY.add(name, Estimator(fn, needs_values, tuple(outputs)))
     return fn
   return decorate
 
@@ -132,10 +145,15 @@ def estimate(rl: Mapping[str, Any], scores: jax.Array, group_ids: jax.Array,
              values: Callable[[], jax.Array]) -> dict[str, jax.Array]:
   """The advantages of `rl["estimator"]`: scores [B] are each response's total reward,
   token_rewards [B, T] the same rewards placed on response tokens, `values()` the critic's
-  values [B, T] (called only by an estimator that needs them)."""
+  values [B, T] (called only by an estimator that needs them). ValueError when the estimator
+  returns other keys than it declared."""
   estimator = ESTIMATOR_REGISTRY[rl["estimator"]]
-  return estimator.fn(scores, group_ids, token_rewards, mask,
-                      values() if estimator.needs_values else None, rl)
+  out = estimator.fn(scores, group_ids, token_rewards, mask,
+                     values() if estimator.needs_values else None, rl)
+  if set(out) != set(estimator.outputs):
+    raise ValueError(f"config.rl.estimator={rl['estimator']!r} returned {sorted(out)}, not its "
+                     f"declared outputs {list(estimator.outputs)}")
+  return out
 
 
 @register_estimator("grpo")
@@ -158,7 +176,7 @@ def _reinforce_pp(scores, group_ids, token_rewards, mask, values, rl):
   return {"advantages": reinforce_pp(token_rewards, mask, gamma=rl["gamma"])}
 
 
-@register_estimator("gae", needs_values=True)
+@register_estimator("gae", needs_values=True, outputs=("advantages",) + CRITIC_TARGETS)
 def _gae(scores, group_ids, token_rewards, mask, values, rl):
   """Decoupled GAE: the policy's advantages with lam (length-adaptive when
   length_adaptive_alpha > 0), the critic's returns with lam_critic."""

@@ -6,7 +6,10 @@ A config selects one with `config.rl = recipe("dapo")` and may override any fiel
 command line (`--config.rl.clip_high=0.3`). Unknown recipe names and bad values fail in
 `validate_rl` with the field and the allowed values. A recipe names entries of the registries
 (rl/core/registry.py): its advantage estimator, policy loss and KL estimator; the allowed
-names below are the registries' entries.
+names are the registries' entries when `validate_rl` runs, so an entry registered in a user's
+module (`@advantages.register_estimator`, `@losses.register_policy_loss`) is a valid value
+once that module is imported. The estimator's entry decides whether the run trains a critic
+(`needs_critic`).
 """
 
 from __future__ import annotations
@@ -16,9 +19,6 @@ from typing import Any
 from rl.core import advantages, losses
 from rl.core.checks import domain_values
 
-ESTIMATORS = advantages.ESTIMATOR_REGISTRY.names()
-POLICY_LOSSES = losses.POLICY_LOSS_REGISTRY.names()
-KL_KINDS = losses.KL_REGISTRY.names()
 AGG_MODES = losses.AGG_MODES
 REWARD_MODES = ("verify", "dapo")
 CRITIC_INITS = ("policy", "random")
@@ -41,7 +41,9 @@ BASE: dict[str, Any] = dict(
     # domain), overriding kl_coef (DeepSeek-V3.2); `kl_coefs_by_domain` parses it.
     kl_coef_per_domain="",
     entropy_coef=0.0,  # weight of the entropy bonus
-    use_critic=False,  # train a value model beside the policy (the GAE estimators need one)
+    # Train a value model beside the policy: True exactly when the estimator reads its values
+    # (registered with needs_values=True: GAE); validate_rl refuses either mismatch.
+    use_critic=False,
     # The critic's start: "policy" (the policy's starting weights, e.g. its SFT checkpoint, with
     # a fresh scalar head; VAPO, verl) or "random" (its own initialisation).
     critic_init="policy",
@@ -99,16 +101,29 @@ def kl_coefs_by_domain(text: str) -> dict[str, float]:
     raise ValueError(f"config.rl.kl_coef_per_domain={text!r}: {e}") from None
 
 
+def needs_critic(rl: Any) -> bool:
+  """Whether the run trains a critic: the registered estimator `rl["estimator"]` reads its
+  values (`needs_values`); the trainer, the placement planner and the dry run ask this."""
+  return advantages.ESTIMATOR_REGISTRY[rl["estimator"]].needs_values
+
+
+def kl_on(rl: Any) -> bool:
+  """Whether the update has a KL term to the reference policy (and so the run keeps a reference
+  model and the batch its log-probs): kl_coef or kl_coef_per_domain set."""
+  return bool(rl["kl_coef"] or rl["kl_coef_per_domain"])
+
+
 def validate_rl(rl: Any) -> None:
-  """Checks the `rl` section; raises ValueError naming the field and the allowed values."""
+  """Checks the `rl` section; raises ValueError naming the field and the allowed values (the
+  registries' entries at call time)."""
   def check(field, allowed):
     value = rl[field]
     if value not in allowed:
       raise ValueError(f"config.rl.{field}={value!r}: must be one of {list(allowed)}")
-  check("estimator", ESTIMATORS)
-  check("policy_loss", POLICY_LOSSES)
+  advantages.ESTIMATOR_REGISTRY[rl["estimator"]]  # an unknown name: the registry's error
+  losses.POLICY_LOSS_REGISTRY[rl["policy_loss"]]
+  losses.KL_REGISTRY[rl["kl_kind"]]
   check("loss_agg_mode", AGG_MODES)
-  check("kl_kind", KL_KINDS)
   check("reward_mode", REWARD_MODES)
   check("critic_init", CRITIC_INITS)
   if not 0 <= rl["clip_low"] < 1:
@@ -117,8 +132,13 @@ def validate_rl(rl: Any) -> None:
     raise ValueError(f"config.rl.clip_high={rl['clip_high']}: must be >= 0")
   if rl["clip_c"] and rl["clip_c"] <= 1:
     raise ValueError(f"config.rl.clip_c={rl['clip_c']}: dual-clip needs c > 1 (0 turns it off)")
-  if rl["estimator"] == "gae" and not rl["use_critic"]:
-    raise ValueError("config.rl.estimator='gae' needs config.rl.use_critic=True")
+  if needs_critic(rl) and not rl["use_critic"]:
+    raise ValueError(f"config.rl.estimator={rl['estimator']!r} reads the critic's values: it "
+                     "needs config.rl.use_critic=True")
+  if rl["use_critic"] and not needs_critic(rl):
+    raise ValueError(f"config.rl.use_critic=True: config.rl.estimator={rl['estimator']!r} reads "
+                     "no critic values, so the critic would have no targets; set use_critic=False "
+                     "or name an estimator registered with needs_values=True (e.g. 'gae')")
   if rl["ppo_epochs"] < 1:
     raise ValueError(f"config.rl.ppo_epochs={rl['ppo_epochs']}: must be >= 1")
   kl_coefs_by_domain(rl["kl_coef_per_domain"])

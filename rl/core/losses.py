@@ -7,7 +7,10 @@ summed pieces equal the unsplit loss exactly.
 
 Two registries hold what a config names (rl/core/registry.py):
   POLICY_LOSS_REGISTRY  `config.rl.policy_loss`: fn(logp, logp_old, advantages, mask, rl,
-                        **agg_kwargs) -> (loss, metrics), `rl` the config's `rl` section;
+                        **agg_kwargs) -> (loss, metrics), `rl` the config's `rl` section; the
+                        metrics join the update's (rl/core/train_step.py), which adds them up
+                        over micro-batches (`*_max` / `*_min`: max / min), so a token mean
+                        divides by agg_kwargs' global `num_tokens`;
   KL_REGISTRY           `config.rl.kl_kind`: fn(logp, logp_old, logp_ref) -> per-token KL [B, T]
                         (the sample estimators k1 / k2 / k3 do not read logp_old).
 """
@@ -62,9 +65,9 @@ def policy_loss(logp: jax.Array, logp_old: jax.Array, advantages: jax.Array, mas
   """PPO clipped surrogate with Clip-Higher (eps_low != eps_high) and optional dual clip
   (clip_c > 1 bounds the loss of negative-advantage tokens at -A * c).
 
-  Metrics (token means over this call's mask): clipfrac_low / clipfrac_high (tokens whose
-  gradient the clip removes), clipfrac_dual, approx_kl (mean logp_old - logp), ratio_max /
-  ratio_min.
+  Metrics (token means over the mask, divided by `num_tokens` when given, else by this call's
+  token count): clipfrac_low / clipfrac_high (tokens whose gradient the clip removes),
+  clipfrac_dual, approx_kl (mean logp_old - logp), ratio_max / ratio_min.
   """
   m = jnp.asarray(mask, jnp.float32)
   ratio = jnp.exp(jnp.clip(logp - logp_old, -20.0, 20.0))
@@ -80,7 +83,8 @@ def policy_loss(logp: jax.Array, logp_old: jax.Array, advantages: jax.Array, mas
     per_token = jnp.where(advantages < 0, jnp.minimum(per_token, bound), per_token)
   loss = aggregate(per_token, m, agg, **agg_kwargs)
 
-  n = jnp.maximum(jnp.sum(m), 1.0)
+  num_tokens = agg_kwargs.get("num_tokens")
+  n = jnp.maximum(jnp.sum(m) if num_tokens is None else num_tokens, 1.0)
 
   def frac(b):
     return jnp.sum(b.astype(jnp.float32) * m) / n

@@ -1,7 +1,8 @@
 """Named implementations of one concept, selected by a config field: advantage estimators
 (rl/core/advantages.py), policy losses and KL estimators (rl/core/losses.py). A recipe
 (rl/core/algorithms.py) is a config naming entries of these registries; validation and lookup
-both name the field and the registered entries when a name is unknown.
+read the registries when they run (an entry registered by a user's module after import is
+allowed) and both name the field and the registered entries when a name is unknown.
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ class Registry:
       self.add(name, fn)
       return fn
     return decorate
+
+  def remove(self, name: str) -> None:
+    """Unregisters `name` (an unknown name raises like a lookup): for an entry registered for a
+    while only, e.g. by a test."""
+    self[name]
+    del self._entries[name]
 
   def names(self) -> tuple[str, ...]:
     return tuple(self._entries)

@@ -25,7 +25,7 @@ from flax import nnx
 
 from models import remat as remat_lib
 from models.transformer import update_router_biases
-from rl.core import losses
+from rl.core import advantages, algorithms, losses
 from rl.core.sampling import kept_mask_from_ids, masked_logprobs, token_logprobs
 
 
@@ -124,18 +124,21 @@ def _split_micro(batch: dict, micro_batches: int) -> dict:
 
 
 # The update's mini-batch (Trainer.build_batch): the fields every update reads, then those a
-# feature adds (keep-routing, keep-sampling-mask, KL to the reference, the critic).
+# feature adds (keep-routing, keep-sampling-mask, KL to the reference); the advantage
+# estimator's outputs (rl/core/advantages.py, e.g. GAE's critic targets) are fields too.
 BATCH_FIELDS = ("tokens", "response_mask", "attention_mask", "logp_old", "advantages", "acc")
-OPTIONAL_BATCH_FIELDS = ("routing", "kept_ids", "logp_ref", "kl_coef", "values", "returns")
+OPTIONAL_BATCH_FIELDS = ("routing", "kept_ids", "logp_ref", "kl_coef")
 
 
-def check_batch(batch: dict) -> None:
-  """Refuses a mini-batch with an unknown key or without a field every update reads: a misnamed
-  optional key fails here instead of quietly switching its feature off."""
-  unknown = sorted(set(batch) - set(BATCH_FIELDS) - set(OPTIONAL_BATCH_FIELDS))
+def check_batch(batch: dict, rl: dict) -> None:
+  """Refuses a mini-batch with an unknown key (not a field above nor an output of the estimator
+  `rl["estimator"]`) or without a field every update reads: a misnamed optional key fails here
+  instead of quietly switching its feature off."""
+  known = BATCH_FIELDS + OPTIONAL_BATCH_FIELDS + tuple(
+      k for k in advantages.ESTIMATOR_REGISTRY[rl["estimator"]].outputs if k not in BATCH_FIELDS)
+  unknown = sorted(set(batch) - set(known))
   if unknown:
-    raise ValueError(f"update batch: unknown fields {unknown}; known: "
-                     f"{list(BATCH_FIELDS + OPTIONAL_BATCH_FIELDS)}")
+    raise ValueError(f"update batch: unknown fields {unknown}; known: {list(known)}")
   missing = [k for k in BATCH_FIELDS if k not in batch]  # features' fields: read unguarded
   if missing:
     raise ValueError(f"update batch: missing fields {missing}")
@@ -157,8 +160,9 @@ def policy_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: d
                      temperature: float, max_len: int,
                      router_aux_loss_coef: float = 0.0) -> tuple[jax.Array, dict]:
   """Loss of one micro-batch, already divided by the global counts; metrics are likewise
-  global token means (so they sum over micro-batches). MoE models add
-  `router_aux_loss_coef` x the sequence-wise balance loss (models/moe.py) and report the
+  global token means (so they sum over micro-batches; `*_max` / `*_min` combine by max / min),
+  the policy loss's own metrics (config.rl.policy_loss's registry entry) among them. MoE models
+  add `router_aux_loss_coef` x the sequence-wise balance loss (models/moe.py) and report the
   per-layer expert load `router_load` [n_moe_layers, E] (tokens summed over micro-batches),
   which the trainer feeds to the aux-loss-free bias update."""
   model = nnx.merge(graphdef, params, rest)
@@ -182,24 +186,14 @@ def policy_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: d
     keep = losses.off_policy_sequence_mask(jax.lax.stop_gradient(logp), logp_old, adv, mask,
                                            delta=rl["offpolicy_mask_delta"])
     pg_mask = mask * keep
-  pg_loss, _ = losses.POLICY_LOSS_REGISTRY[rl["policy_loss"]](logp, logp_old, adv, pg_mask, rl,
-                                                             **agg)
-  loss = pg_loss
+  loss, pg_metrics = losses.POLICY_LOSS_REGISTRY[rl["policy_loss"]](logp, logp_old, adv,
+                                                                    pg_mask, rl, **agg)
 
   def token_mean(x, m=mask):
     return losses.aggregate(x, m, "token-mean", num_tokens=counts["num_tokens"])
 
-  log_ratio = jnp.clip(logp - logp_old, -20.0, 20.0)
-  ratio = jnp.exp(log_ratio)
-  pos, neg = adv > 0, adv < 0
-  metrics = {
-      "pg_loss": pg_loss,
-      "clipfrac_high": token_mean(((ratio > 1 + rl["clip_high"]) & pos).astype(jnp.float32)),
-      "clipfrac_low": token_mean(((ratio < 1 - rl["clip_low"]) & neg).astype(jnp.float32)),
-      "approx_kl": token_mean(logp_old - logp),
-      "offpolicy_masked_frac": token_mean(mask - pg_mask),
-  }
-  if rl["kl_coef"] or rl["kl_coef_per_domain"]:
+  metrics = dict(pg_metrics, offpolicy_masked_frac=token_mean(mask - pg_mask))
+  if algorithms.kl_on(rl):
     logp_ref = batch["logp_ref"][:, 1:]
     per_token = losses.KL_REGISTRY[rl["kl_kind"]](logp, logp_old, logp_ref)
     beta = batch["kl_coef"][:, None]  # per-sequence (per-domain) beta
@@ -278,6 +272,16 @@ def critic_objective(params, graphdef, rest, batch: dict, counts: dict, *, rl: d
   return loss, {"value_loss": loss}
 
 
+def _combine(name: str) -> tuple[Callable, float]:
+  """(op, start) of an objective's metric over micro-batches: max for `*_max`, min for
+  `*_min`, else the sum."""
+  if name.endswith("_max"):
+    return jnp.maximum, -jnp.inf
+  if name.endswith("_min"):
+    return jnp.minimum, jnp.inf
+  return jnp.add, 0.0
+
+
 def make_update(objective: Callable, graphdef, optimizer: optax.GradientTransformation, *,
                 micro_batches: int, rl: dict, state_sharding=None, batch_sharding=None,
                 offload_optimizer: bool = False, **objective_kwargs) -> Callable:
@@ -291,6 +295,9 @@ def make_update(objective: Callable, graphdef, optimizer: optax.GradientTransfor
   `offload_optimizer`: the optimiser state lives in pinned host memory between steps (pass it
   there, e.g. `jax.device_put(opt_state, remat.host_shardings(state_sharding.opt_state))`)
   and comes onto the device only for the update (models/remat.py); needs `state_sharding`.
+
+  The objective's metrics (a flat dict) add up over the micro-batches, except those named
+  `*_max` / `*_min`, which take the max / min.
 
   A step whose loss or gradient is non-finite leaves the state unchanged and reports
   `skipped = 1` (the trainer counts these and stops a run that keeps producing them).
@@ -309,7 +316,7 @@ def make_update(objective: Callable, graphdef, optimizer: optax.GradientTransfor
     state_sharding = state_sharding._replace(opt_state=opt_on_host)
 
   def update(state: TrainState, rest, minibatch: dict):
-    check_batch(minibatch)  # at trace time: a new set of keys traces anew
+    check_batch(minibatch, rl)  # at trace time: a new set of keys traces anew
     if offload_optimizer:
       state = state._replace(opt_state=jax.device_put(state.opt_state, opt_on_device))
     counts = dict(global_counts(minibatch, rl),
@@ -319,13 +326,14 @@ def make_update(objective: Callable, graphdef, optimizer: optax.GradientTransfor
     def body(carry, micro):
       grads_acc, loss_acc, metrics_acc = carry
       (loss, metrics), grads = grad_fn(state.params, rest, micro, counts)
-      return (jax.tree.map(jnp.add, grads_acc, grads), loss_acc + loss,
-              jax.tree.map(jnp.add, metrics_acc, metrics)), None
+      metrics = {k: _combine(k)[0](metrics_acc[k], v) for k, v in metrics.items()}
+      return (jax.tree.map(jnp.add, grads_acc, grads), loss_acc + loss, metrics), None
 
     zero_grads = jax.tree.map(jnp.zeros_like, state.params)
     first = jax.tree.map(lambda x: x[0], micros)
     metric_shapes = jax.eval_shape(lambda: micro_loss(state.params, rest, first, counts)[1])
-    zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
+    zero_metrics = {k: jnp.full(s.shape, _combine(k)[1], s.dtype)
+                    for k, s in metric_shapes.items()}
     (grads, loss, metrics), _ = jax.lax.scan(body, (zero_grads, jnp.zeros(()), zero_metrics),
                                              micros)
     grad_norm = optax.global_norm(grads)

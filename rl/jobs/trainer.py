@@ -25,6 +25,7 @@ from models.sharding import to_host
 from models.tokenizer import load_tokenizer
 from rl.config.validation import check_paths, validate
 from rl.core import advantages as adv_lib
+from rl.core import algorithms
 from rl.core import losses
 from rl.core import train_step as ts
 from rl.core.policy import model_config
@@ -105,16 +106,17 @@ class Trainer:
       params, self.rest = rl_setup.load_init(c.init_checkpoint, self.state.params, self.rest,
                                              self.placement)
       self.state = self._train_state(params)
-    # The critic (config.rl.critic_init) may start from the weights the policy starts from.
+    # The critic, when the estimator reads its values (config.rl.critic_init: it may start from
+    # the weights the policy starts from).
     self.critic = None
-    if c.rl.use_critic:
+    if algorithms.needs_critic(c.rl):
       self.critic_graphdef, self.critic_rest, self.critic_optimizer, self.critic = (
           rl_setup.critic(c, self.model_cfg, self.placement, self.state.params, self.rest))
     # The KL reference is the policy the run starts from (config.init_checkpoint, init_hf_dir
     # or the random init, with its router biases), also after a resume and before any tool
     # warm start. A copy: the update donates (and so invalidates) the state's buffers.
     self.ref_params, self.ref_rest = (jax.tree.map(jnp.copy, (self.state.params, self.rest))
-                                      if self._kl_on() else (None, None))
+                                      if algorithms.kl_on(c.rl) else (None, None))
     self._maybe_resume()
     if episodes is not None and c.tools.warm_start_steps and not self.start_step and (
         not c.init_checkpoint):  # cold start on expert tool-use transcripts (deterministic)
@@ -143,9 +145,6 @@ class Trainer:
     """A fresh policy TrainState on the run's mesh."""
     return self.placement.train_state(params, self.optimizer,
                                       offload=self.config.optim.offload_state)
-
-  def _kl_on(self) -> bool:
-    return bool(self.config.rl.kl_coef or self.config.rl.kl_coef_per_domain)
 
   # ---------------------------------------------------------------------- Checkpoint
   def _checkpoint_state(self) -> dict:
@@ -304,7 +303,7 @@ class Trainer:
     """The update's fields (rl/jobs/batch.py) and, with a KL term, the reference log-probs and
     each row's KL weight."""
     batch = batch_lib.build_batch(traj, rewards, advs, self.config.rl)
-    if self._kl_on():
+    if algorithms.kl_on(self.config.rl):
       with self.placement.scope():
         batch["logp_ref"] = np.asarray(to_host(self.logprobs(
             self.ref_params, self.ref_rest, jnp.asarray(batch["tokens"]), batch.get("routing"),

@@ -42,6 +42,7 @@ from rl.core.batching import batching
 from rl.core.checks import InputError, allowed
 from rl.core.policy import model_config
 from rl.core.sampling import kept_ids_width
+from rl.core import algorithms
 from rl.core import train_step as ts
 
 
@@ -106,7 +107,7 @@ def workload(config, *, prompt_len: int | None = None) -> planner.Workload:
       micro_batches=config.train.micro_batches, rollout_length=length,
       rollout_sequences=b["slots"], prompt_len=prompt_len,
       prefill_rows=b["refill_contexts"], keep_routing=bool(rl.keep_routing),
-      reference=bool(rl.kl_coef or rl.kl_coef_per_domain), critic=bool(rl.use_critic),
+      reference=algorithms.kl_on(rl), critic=algorithms.needs_critic(rl),
       kernel_backend=backend if backend in ("reference", "interpret") else "compiled",
       offload_optimizer=bool(config.optim.offload_state),
       kept_ids=kept_ids_width(top_p=r.top_p, top_k=r.top_k, greedy=r.temperature == 0,

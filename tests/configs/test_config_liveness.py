@@ -36,6 +36,7 @@ from rl.config.defaults import base_config
 from rl.config.describe import leaves
 from rl.core.policy import build_policy, model_config
 from rl.config.validation import validate
+from rl.core import algorithms
 from rl.parallel import placement
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -66,8 +67,8 @@ GQA = {"model.attention": "gqa", "model.dsa": False}
 YARN = {"model.yarn_factor": 4.0}
 # An original context short enough that the rope frequencies fall in all three llama3 bands.
 LLAMA3 = {"model.llama3_factor": 8.0, "model.llama3_original_max_len": 64}
-CRITIC = {"rl.use_critic": True}
-GAE = {"rl.estimator": "gae", "rl.use_critic": True}
+# A critic is trained exactly when the estimator reads its values (GAE).
+CRITIC = {"rl.estimator": "gae", "rl.use_critic": True}
 KL = {"rl.kl_coef": 0.1}
 FP8 = {"rollout.weight_dtype": "fp8_e4m3"}
 STREAM = {"rollout.streaming.enabled": True}
@@ -151,7 +152,6 @@ PROBES = {
     "rl.kl_coef": ("update", 0.1, {}),
     "rl.kl_kind": ("update", "k1", KL),
     "rl.entropy_coef": ("update", 0.01, {}),
-    "rl.use_critic": ("update", True, {}),
     "rl.value_clip": ("update", 0.2, CRITIC),
     "rl.nll_coef": ("update", 0.1, {}),
     "rl.offpolicy_mask_delta": ("update", 0.1, {}),
@@ -218,9 +218,9 @@ PROBES = {
     "rl.kl_coef_per_domain": ("score", "addition=0.5", {}),
     "rl.estimator": ("advantages", "rloo", {}),
     "rl.gamma": ("advantages", 0.5, {"rl.estimator": "reinforce_pp"}),
-    "rl.lam": ("advantages", 0.5, GAE),
-    "rl.lam_critic": ("advantages", 0.5, GAE),
-    "rl.length_adaptive_alpha": ("advantages", 0.5, GAE),
+    "rl.lam": ("advantages", 0.5, CRITIC),
+    "rl.lam_critic": ("advantages", 0.5, CRITIC),
+    "rl.length_adaptive_alpha": ("advantages", 0.5, CRITIC),
     "reward.graders": ("score", "puzzle=hybrid", {"reward.genrm_dir": "{genrm}"}),
     "reward.genrm_dir": ("score", "{genrm2}", {"reward.graders": "puzzle=genrm",
                                                "reward.genrm_dir": "{genrm}"}),
@@ -288,6 +288,10 @@ PROBES = {
 
 # field: why no test here shows it live.
 NOT_COVERED = {
+    "rl.use_critic": "must equal the estimator's needs_values (rl/core/algorithms.validate_rl "
+                     "refuses either mismatch, tests/rl/core/test_registries.py): the estimator "
+                     "decides the critic, which rl.value_clip, optim.critic_lr, "
+                     "rl.critic_warmup_steps and rl.critic_init show live",
     "rl.policy_loss": "one registered policy loss (ppo_clip, spec section 1), so no other valid "
                       "value; tests/rl/core/test_losses.py shows the update reads it "
                       "(test_the_update_uses_the_policy_loss_the_config_names)",
@@ -447,7 +451,7 @@ def update_batch_spec(trainer, rows=4, width=32) -> dict:
   kept_width = placement.workload(c).kept_ids
   if kept_width:
     batch["kept_ids"] = jax.ShapeDtypeStruct((rows, width, kept_width), jnp.int32)
-  if trainer._kl_on():
+  if algorithms.kl_on(c.rl):
     batch["logp_ref"], batch["kl_coef"] = f32(rows, width), f32(rows)
   if trainer.critic is not None:
     batch["values"], batch["returns"] = f32(rows, width), f32(rows, width)
