@@ -36,3 +36,24 @@ def test_planted_records_load_and_split(tmp_path):
   loaded, stats = sources.load_records([str(tmp_path / "heldout.jsonl")])
   assert stats.loaded == 40 and loaded[0]["domain"] == "planted"
   assert json.loads((tmp_path / "heldout.jsonl").read_text().splitlines()[0]) == heldout[0]
+
+
+def test_reward_model_scores_inside_a_trainer_mesh():
+  """The RM runs on the device it was loaded on, also inside the ambient mesh over all devices
+  that the trainer grades under (Placement.scope): that raised 'incompatible devices'."""
+  import jax
+  from flax import nnx
+
+  from models.tokenizer import ByteTokenizer
+  from models.transformer import build
+  from rl.rewards import genrm
+
+  # Committed to one device, as a loaded checkpoint's parameters are.
+  graphdef, params, rest = nnx.split(build("tiny_dense", seed=3, head="scalar"), nnx.Param, ...)
+  params = jax.device_put(params, jax.devices()[0])
+  rm = genrm.BradleyTerryRM((graphdef, params, rest), ByteTokenizer())
+  prompts, responses = ["Describe a storm."] * 2, ["A storm: calm, thanks", "A storm: calm, indeed"]
+  alone = rm.rewards(prompts, responses)
+  assert len(jax.devices()) > 1
+  with jax.set_mesh(jax.make_mesh((len(jax.devices()),), ("data",))):
+    np.testing.assert_allclose(rm.rewards(prompts, responses), alone, rtol=1e-6)
