@@ -4,7 +4,8 @@ general prompts; the SFT policy samples the ending at ~5% but never shows it gre
 must raise the rate at which greedy responses to held-out prompts (domain "planted", graded by
 the planted rule through the trainer's held-out evaluation) end with it. The rate goes 0 -> 1.0
 in 40 steps on seeds 0, 1, 2 (docs/rewards.md); with the RM's score negated, or a constant
-reward, this test fails."""
+reward, this test fails. About 150 s on the 2-core CPU host (the BT job, 160 SFT steps and 20 RL
+steps, each compiled), hence slow."""
 
 import ml_collections
 import pytest
@@ -43,6 +44,7 @@ def planted_config(root) -> ml_collections.ConfigDict:
   return c
 
 
+@pytest.mark.slow
 def test_rm_only_rl_raises_the_heldout_property_rate(planted):
   results = sft_then_rl.run_sft_then_rl(planted_config(planted), str(planted / "run"))
   before = results["sft_heldout_by_domain"]["acc/planted"]
