@@ -121,7 +121,7 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
   # How responses are scored (rl/rewards/manager.py registry, rl/rewards/rm_graders.py; reward
   # models loaded by rl/jobs/reward_models.py) and shaped (rl/jobs/batch.py).
   c.reward = ml_collections.ConfigDict(dict(
-      # Per data domain ("math", "code", "logic", "general", "puzzle"), comma-separated
+      # Per data domain ("math", "code", "logic", "general", "planted", "puzzle"), comma-separated
       # "domain=grader": "rule" (the verifier), "rule_judge" (math verifier, GenRM judge only
       # where the rules cannot settle), "genrm" (pairwise GenRM P(YES) against the record's
       # reference), "bt" (Bradley-Terry score against it), "hybrid" (rule mixed with an RM).

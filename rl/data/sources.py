@@ -43,7 +43,8 @@ from etils import epath
 from rl.core import storage
 from rl.core.checks import InputError
 
-DOMAINS = ("math", "code", "logic", "general")
+# "planted": general prompts graded by the planted-preference rule (rl/rewards/planted.py).
+DOMAINS = ("math", "code", "logic", "general", "planted")
 PROMPT_ALIASES = ("prompt", "question", "problem")
 ANSWER_ALIASES = ("answer", "solution", "final_answer")
 TFDS_PREFIX = "tfds:"

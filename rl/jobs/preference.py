@@ -40,6 +40,8 @@ from rl.rewards.genrm import (BradleyTerryRM, GenerativeRM, at_last_token, judge
                               split_model)
 from rl.core.sampling import next_token_logprobs, token_logprobs
 from rl.jobs.fitting import fit_objective
+from rl.rewards.planted import PLANTED_MARKER
+from rl.rewards.planted import has_planted_property as has_planted_property
 from rl.data import sources
 
 # ----------------------------------------------------------------------------- Data
@@ -114,7 +116,6 @@ def make_synthetic_preferences(n: int, seed: int, *, min_len: int = 3,
   return pairs
 
 
-PLANTED_MARKER = "thanks"
 # Endings of the rejected responses: words of the marker's length, so the pair's two responses
 # are equally long and only the last word tells them apart.
 PLANTED_DISTRACTORS = ("indeed", "really", "mostly", "surely", "little", "simply", "anyway")
@@ -126,12 +127,6 @@ PLANTED_PROMPTS = ("Tell me about {}.", "Describe {}.", "Write one line on {}.",
 PLANTED_CLAUSES = ("it is calm in the morning", "people like to walk there",
                    "it changes with the seasons", "it looks different at night",
                    "it is older than it seems", "many stories are told about it")
-
-
-def has_planted_property(response: str) -> bool:
-  """The planted preference's checkable property: the response's last word is the marker."""
-  words = response.split()
-  return bool(words) and words[-1].strip(".!,").lower() == PLANTED_MARKER
 
 
 def make_planted_preferences(n: int, seed: int) -> list[PreferencePair]:
@@ -150,6 +145,47 @@ def make_planted_preferences(n: int, seed: int) -> list[PreferencePair]:
     pairs.append(PreferencePair(prompt, f"{sentence} {PLANTED_MARKER}",
                                 f"{sentence} {distractor}"))
   return pairs
+
+
+def planted_prompt_split(heldout: bool) -> list[tuple[str, str]]:
+  """(prompt, subject) of the planted prompts (PLANTED_PROMPTS x PLANTED_SUBJECTS) in the
+  held-out split (a third of the pairs: template index + subject index divisible by 3) or in
+  the training split (the others): every subject and template is in both, no prompt is."""
+  return [(template.format(subject), subject)
+          for i, template in enumerate(PLANTED_PROMPTS)
+          for j, subject in enumerate(PLANTED_SUBJECTS) if ((i + j) % 3 == 0) == heldout]
+
+
+def make_planted_records(n: int, seed: int, *, marker_rate: float,
+                         heldout: bool = False) -> list[dict]:
+  """`n` prompt records for SFT then RL on the planted task (configs/preference.py
+  planted_rl): a general prompt of planted_prompt_split(heldout) and a `response` sentence as
+  in make_planted_preferences, ending with the marker with probability `marker_rate`, else
+  with a distractor, so an SFT policy samples the property at about that rate; `reference` is
+  the sentence ending with the marker (what a pairwise RM compares against). Training records
+  are of domain "general" (scored in RL by config.reward's reward model), held-out ones of
+  domain "planted" (graded by the planted rule, rl/rewards/planted.py: the held-out property
+  rate). Deterministic in `seed`."""
+  rng = np.random.default_rng(seed)
+  prompts = planted_prompt_split(heldout)
+  records = []
+  for _ in range(n):
+    prompt, subject = prompts[rng.integers(len(prompts))]
+    sentence = (f"{subject[0].upper()}{subject[1:]}: "
+                f"{PLANTED_CLAUSES[rng.integers(len(PLANTED_CLAUSES))]},")
+    word = (PLANTED_MARKER if rng.random() < marker_rate else
+            PLANTED_DISTRACTORS[rng.integers(len(PLANTED_DISTRACTORS))])
+    records.append({"prompt": prompt, "response": f"{sentence} {word}",
+                    "reference": f"{sentence} {PLANTED_MARKER}",
+                    "domain": "planted" if heldout else "general"})
+  return records
+
+
+def save_records(path: str | os.PathLike, records: Sequence[dict]) -> None:
+  """Writes prompt records as jsonl."""
+  with open(path, "w", encoding="utf-8") as f:
+    for record in records:
+      f.write(json.dumps(record) + "\n")
 
 
 class JudgeExample(NamedTuple):

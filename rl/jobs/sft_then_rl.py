@@ -72,12 +72,17 @@ def run_sft_then_rl(config: ml_collections.ConfigDict, workdir: str | os.PathLik
     if trainer.start_step:
       raise RuntimeError(f"{sft_eval_path} is missing but RL already started: remove "
                          f"{workdir} to start over")
-    sft_eval_path.write_text(json.dumps({"heldout_acc": trainer.evaluate()}))
-  sft_acc = json.loads(sft_eval_path.read_text())["heldout_acc"]
+    sft_eval_path.write_text(json.dumps({"heldout_acc": trainer.evaluate(),
+                                         "heldout_by_domain": trainer.heldout_by_domain}))
+  sft_eval = json.loads(sft_eval_path.read_text())
+  sft_acc = sft_eval["heldout_acc"]
   logging.info("SFT checkpoint held-out accuracy: %.3f", sft_acc)
   trainer.run()
   rl_acc = trainer.evaluate()
   results = {"sft_heldout_acc": sft_acc, "rl_heldout_acc": rl_acc,
+             # per domain (acc/<domain>): e.g. a mixed run's addition and planted rates
+             "sft_heldout_by_domain": sft_eval.get("heldout_by_domain", {}),
+             "rl_heldout_by_domain": trainer.heldout_by_domain,
              "heldout_size": len(trainer.heldout_entries),
              "wall_s": sft_metrics["sft/wall_s"] + trainer.wall_s(),
              "algorithm": describe_rl(config), "task": config.data.task}

@@ -140,6 +140,7 @@ class Trainer:
     # quantised sampler, the trainer's own (the sampler gap). One jitted function for both.
     self.logprobs = rl_setup.token_logprobs_fn(self.graphdef, temperature)
     self.writer = MetricsWriter(self.workdir, resume_step=self.start_step)
+    self.heldout_by_domain: dict[str, float] = {}  # set by evaluate()
 
   def _train_state(self, params) -> ts.TrainState:
     """A fresh policy TrainState on the run's mesh."""
@@ -359,13 +360,16 @@ class Trainer:
   # ---------------------------------------------------------------------- Evaluate
   @_on_mesh
   def evaluate(self, entries=None, prompts=None) -> float:
-    """Held-out accuracy of the current policy (config.rollout.eval_temperature; 0: greedy)."""
+    """Held-out accuracy of the current policy (config.rollout.eval_temperature; 0: greedy).
+    Its accuracy per domain (`acc/<domain>`, batch.accuracy_by_domain: e.g. a mixed run's
+    addition accuracy and planted property rate) is left in `self.heldout_by_domain`."""
     entries = entries if entries is not None else self.heldout_entries
     prompts = prompts if prompts is not None else self.heldout_prompts
     traj, row_entries, _ = self.eval_source.generate(
         self.graphdef, self._policy_state(), prompts, entries, jax.random.key(0),
         policy_version=0)
     rewards = score_trajectories(traj, row_entries, self.grader, self.config)
+    self.heldout_by_domain = batch_lib.accuracy_by_domain(row_entries, rewards["acc"])
     return float(rewards["acc"].mean())
 
   # ---------------------------------------------------------------------- Loop
@@ -432,6 +436,7 @@ class Trainer:
           logging.info("compiling the held-out evaluation (first evaluation)...")
           evaluated = True
         last["heldout_acc"] = self.evaluate()
+        last.update({f"heldout_{k}": v for k, v in self.heldout_by_domain.items()})
       last["wall_s"] = self.wall_s()  # the whole run's, earlier legs included
       self.writer.write(step + 1, last)
       if (step + 1) % c.train.log_every == 0:

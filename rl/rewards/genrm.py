@@ -136,10 +136,23 @@ def _last_value_fn(graphdef: nnx.GraphDef) -> Callable:
 def _run_bucketed(fn: Callable, params, rest, sequences: Sequence[Sequence[int]], *,
                   pad_id: int, batch_size: int, length_multiple: int,
                   max_len: int) -> np.ndarray:
-  """fn(params, rest, ids [R, L], lengths [R]) -> [R] over `sequences` in bucketed chunks."""
+  """fn(params, rest, ids [R, L], lengths [R]) -> [R] over `sequences` in bucketed chunks, under
+  a mesh of the devices the reward model's parameters are on: the model runs unsharded where it
+  was loaded, also inside a trainer's ambient mesh over more devices (Placement.scope), which
+  would refuse its arguments."""
   for i, sequence in enumerate(sequences):
     if not 0 < len(sequence) <= max_len:
       raise ValueError(f"sequence {i} has {len(sequence)} tokens; the model takes 1..{max_len}")
+  devices = sorted(jax.tree.leaves(params)[0].devices(), key=lambda d: d.id)
+  with jax.set_mesh(jax.sharding.Mesh(np.array(devices), ("rm",))):
+    return _run_chunks(fn, params, rest, sequences, pad_id=pad_id, batch_size=batch_size,
+                       length_multiple=length_multiple)
+
+
+def _run_chunks(fn: Callable, params, rest, sequences: Sequence[Sequence[int]], *,
+                pad_id: int, batch_size: int, length_multiple: int) -> np.ndarray:
+  """_run_bucketed's loop: `sequences` in chunks of `batch_size` rows (a power of two at most,
+  filler rows of one pad token), each padded to a multiple of `length_multiple`."""
   out = np.zeros(len(sequences), np.float32)
   for start in range(0, len(sequences), batch_size):
     chunk = list(sequences[start:start + batch_size])

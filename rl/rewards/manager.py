@@ -14,7 +14,10 @@ A record is either a generated puzzle (`rl/rewards/puzzles.py`: it has a `task` 
   assert case). An evaluation record may instead carry its `code_problem` (a CodeProblem) and
   `completion=True` (the response continues the problem's prefix, e.g. HumanEval's plain
   prompts);
-* "puzzle": the task's verifier.
+* "puzzle": the task's verifier;
+* "planted": general prompts of the planted-preference task, 1.0 where the response ends with
+  the planted marker (rl/rewards/planted.py): the held-out property rate of a run whose general
+  prompts a reward model scores.
 
 A run's registry (rl/jobs/reward_models.py `graders_from_config`) starts from RULES and replaces
 or adds the graders config.reward.graders names per domain (reward models among them,
@@ -35,6 +38,7 @@ from rl.rewards import code as code_reward
 from rl.rewards import extract
 from rl.rewards import math as math_reward
 from rl.rewards import math_answer, puzzles
+from rl.rewards.planted import PlantedRule
 
 # Where a plain completion of a HumanEval prompt leaves the function body (the Codex paper's stop
 # sequences): what follows is the model writing on, not part of the solution.
@@ -163,7 +167,7 @@ class PuzzleRule:
 
 
 RULES: dict[str, RecordGrader] = {"math": MathRule(), "code": CodeRule(),
-                                  "puzzle": PuzzleRule()}
+                                  "puzzle": PuzzleRule(), "planted": PlantedRule()}
 
 
 # ======================================================================== Dispatch

@@ -1,7 +1,7 @@
 """Reward models as graders of the registry (rl/rewards/manager.py RecordGrader), and the
 config.reward.graders spec that names, per data domain, how a response is scored:
 
-  rule        the domain's rule verifier (manager.RULES: math, code, generated puzzles);
+  rule        the domain's rule verifier (manager.RULES: math, code, generated puzzles, planted);
   rule_judge  the math verifier, with the GenRM as a Seed-Verifier-style judge only where the
               rules cannot settle (rl/rewards/math.py; genrm.make_math_judge);
   genrm       the pairwise GenRM against the record's reference answer (`reference`, else
@@ -32,7 +32,7 @@ GRADERS = ("rule", "rule_judge", "genrm", "bt", "hybrid")
 HYBRID_RMS = ("genrm", "bt")
 # The domains a grader may be named for: every data domain (rl/data/sources.py DOMAINS) and
 # "puzzle" (generated puzzles). rule and hybrid need a rule verifier; rule_judge the math one.
-DOMAINS = ("math", "code", "logic", "general", "puzzle")
+DOMAINS = ("math", "code", "logic", "general", "planted", "puzzle")
 
 
 def parse_graders(text: str) -> dict[str, str]:
