@@ -149,7 +149,7 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
       grad_clip=1.0,  # global-norm clip of each update's gradient
       b1=0.9,  # AdamW first-moment decay
       b2=0.99,  # AdamW second-moment decay
-      critic_lr=2e-4,  # the critic's learning rate (rl.use_critic)
+      critic_lr=2e-4,  # the critic's learning rate (a critic-reading estimator: GAE)
       # Keep the AdamW state in pinned host memory between updates (models/remat.py).
       offload_state=False,
       # AdamW on float32 master weights kept in the optimiser state (train_step.fp32_master):

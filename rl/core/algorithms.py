@@ -41,9 +41,6 @@ BASE: dict[str, Any] = dict(
     # domain), overriding kl_coef (DeepSeek-V3.2); `kl_coefs_by_domain` parses it.
     kl_coef_per_domain="",
     entropy_coef=0.0,  # weight of the entropy bonus
-    # Train a value model beside the policy: True exactly when the estimator reads its values
-    # (registered with needs_values=True: GAE); validate_rl refuses either mismatch.
-    use_critic=False,
     # The critic's start: "policy" (the policy's starting weights, e.g. its SFT checkpoint, with
     # a fresh scalar head; VAPO, verl) or "random" (its own initialisation).
     critic_init="policy",
@@ -68,14 +65,14 @@ BASE: dict[str, Any] = dict(
 )
 
 RECIPES: dict[str, dict[str, Any]] = {
-    "ppo": dict(estimator="gae", lam=0.95, lam_critic=0.95, use_critic=True),
+    "ppo": dict(estimator="gae", lam=0.95, lam_critic=0.95),
     "grpo": dict(loss_agg_mode="seq-mean-token-mean", kl_coef=0.04, kl_kind="k3"),
     "dr_grpo": dict(estimator="dr_grpo", loss_agg_mode="seq-mean-token-sum-norm"),
     "rloo": dict(estimator="rloo"),
     "reinforce_pp": dict(estimator="reinforce_pp"),
     "dapo": dict(clip_low=0.2, clip_high=0.28, dynamic_sampling=True, overlong_buffer=4096,
                  reward_mode="dapo"),
-    "vapo": dict(estimator="gae", use_critic=True, critic_warmup_steps=10, lam=1.0,
+    "vapo": dict(estimator="gae", critic_warmup_steps=10, lam=1.0,
                  lam_critic=1.0, length_adaptive_alpha=0.05, clip_low=0.2, clip_high=0.28,
                  nll_coef=0.1, reward_mode="dapo"),
     # DeepSeek-V3.2 section 3.1: A_i = R_i - mean(R), the group mean alone (no std division).
@@ -132,13 +129,6 @@ def validate_rl(rl: Any) -> None:
     raise ValueError(f"config.rl.clip_high={rl['clip_high']}: must be >= 0")
   if rl["clip_c"] and rl["clip_c"] <= 1:
     raise ValueError(f"config.rl.clip_c={rl['clip_c']}: dual-clip needs c > 1 (0 turns it off)")
-  if needs_critic(rl) and not rl["use_critic"]:
-    raise ValueError(f"config.rl.estimator={rl['estimator']!r} reads the critic's values: it "
-                     "needs config.rl.use_critic=True")
-  if rl["use_critic"] and not needs_critic(rl):
-    raise ValueError(f"config.rl.use_critic=True: config.rl.estimator={rl['estimator']!r} reads "
-                     "no critic values, so the critic would have no targets; set use_critic=False "
-                     "or name an estimator registered with needs_values=True (e.g. 'gae')")
   if rl["ppo_epochs"] < 1:
     raise ValueError(f"config.rl.ppo_epochs={rl['ppo_epochs']}: must be >= 1")
   kl_coefs_by_domain(rl["kl_coef_per_domain"])

@@ -325,10 +325,8 @@ class Trainer:
     n = len(batch["tokens"])
     rng = np.random.default_rng([c.seed, step, 7])
     actor_on = step >= c.rl.critic_warmup_steps or self.critic is None
-    sums: dict[str, float] = {}
     gap = self._sampler_logp_gap(batch) if self.sampler_weights is not None else {}
-    count = 0
-    router_load = None  # [n_moe_layers, E] tokens per expert over the step's updates
+    device_metrics = []  # fetched once, after the step's last update
     for _ in range(c.rl.ppo_epochs):
       order = rng.permutation(n)
       for mb in np.array_split(order, c.train.mini_batches):
@@ -341,15 +339,10 @@ class Trainer:
           self.critic, critic_metrics = self.critic_update(self.critic, self.critic_rest,
                                                            minibatch)
           metrics = {**metrics, **{f"critic/{k}": v for k, v in critic_metrics.items()}}
-        metrics = jax.device_get(metrics)
-        if "router_load" in metrics:
-          load = metrics.pop("router_load")
-          router_load = load if router_load is None else router_load + load
-        for k, v in metrics.items():
-          sums[k] = sums.get(k, 0.0) + float(v)
-        count += 1
-    out = {**{k: v / count for k, v in sums.items()}, **gap}
-    out["skipped"] = sums.get("skipped", 0.0) + sums.get("critic/skipped", 0.0)
+        device_metrics.append(metrics)
+    out, router_load = _step_metrics(jax.device_get(device_metrics))
+    out.update(gap)
+    out["skipped"] = out.get("skipped", 0.0) + out.get("critic/skipped", 0.0)
     if router_load is not None:
       out.update(ts.load_metrics(router_load))
       if self.rebalance is not None and not out["skipped"]:
@@ -462,3 +455,22 @@ class Trainer:
 def run(config: ml_collections.ConfigDict, workdir: str, *,
         allow_config_change: bool = False) -> dict[str, float]:
   return Trainer(config, workdir, allow_config_change=allow_config_change).run()
+
+
+def _step_metrics(per_update: list[dict]) -> tuple[dict[str, float], np.ndarray | None]:
+  """One RL step's metrics from its updates' (host values): the mean over the updates, but the
+  max of `*_max`, the min of `*_min` and the count of `skipped` ones; and the summed expert
+  load `router_load` [n_moe_layers, E] (None for dense models)."""
+  out: dict[str, float] = {}
+  loads = [m.pop("router_load") for m in per_update if "router_load" in m]
+  for key in dict.fromkeys(k for m in per_update for k in m):
+    values = [float(m[key]) for m in per_update if key in m]
+    if key.endswith("_max"):
+      out[key] = max(values)
+    elif key.endswith("_min"):
+      out[key] = min(values)
+    elif key.endswith("skipped"):
+      out[key] = sum(values)
+    else:
+      out[key] = sum(values) / len(per_update)
+  return out, (sum(loads) if loads else None)

@@ -68,7 +68,7 @@ YARN = {"model.yarn_factor": 4.0}
 # An original context short enough that the rope frequencies fall in all three llama3 bands.
 LLAMA3 = {"model.llama3_factor": 8.0, "model.llama3_original_max_len": 64}
 # A critic is trained exactly when the estimator reads its values (GAE).
-CRITIC = {"rl.estimator": "gae", "rl.use_critic": True}
+CRITIC = {"rl.estimator": "gae"}
 KL = {"rl.kl_coef": 0.1}
 FP8 = {"rollout.weight_dtype": "fp8_e4m3"}
 STREAM = {"rollout.streaming.enabled": True}
@@ -288,10 +288,6 @@ PROBES = {
 
 # field: why no test here shows it live.
 NOT_COVERED = {
-    "rl.use_critic": "must equal the estimator's needs_values (rl/core/algorithms.validate_rl "
-                     "refuses either mismatch, tests/rl/core/test_registries.py): the estimator "
-                     "decides the critic, which rl.value_clip, optim.critic_lr, "
-                     "rl.critic_warmup_steps and rl.critic_init show live",
     "rl.policy_loss": "one registered policy loss (ppo_clip, spec section 1), so no other valid "
                       "value; tests/rl/core/test_losses.py shows the update reads it "
                       "(test_the_update_uses_the_policy_loss_the_config_names)",

@@ -4,8 +4,8 @@ end to end: nothing else in the project changes to add them.
 The module registers them with the registries' decorators (`adv.register_estimator`,
 `losses.register_policy_loss`), as a user's module imported before the run would; config
 validation (rl/config/validation.py) reads the registries when it runs, so it accepts their
-names. The estimator reads the critic's values (needs_values=True), so validation requires
-config.rl.use_critic and the placement planner counts a critic; its declared outputs are
+names. The estimator reads the critic's values (needs_values=True), so the run trains a critic
+(the trainer builds one and the placement planner counts it); its declared outputs are
 fields of the update's batch. The loss's own metric comes out of the update step.
 
 The fixture removes both entries afterwards, so other tests see the project's registries.
@@ -69,14 +69,12 @@ def _config(**rl):
 
 
 def test_user_estimator_and_loss_run_validation_advantages_and_an_update(registered):
-  """Validation accepts the registered names and refuses the critic-reading estimator without a
-  critic; the estimator's outputs (its own `baseline` among them) make an update batch the
+  """Validation accepts the registered names and the run counts a critic for the critic-reading
+  estimator; the estimator's outputs (its own `baseline` among them) make an update batch the
   step accepts; the step reports the loss's own metric and no PPO clip metrics."""
-  with pytest.raises(ValueError, match=f"estimator='{ESTIMATOR}' reads the critic's values"):
-    validate(_config(estimator=ESTIMATOR, policy_loss=LOSS))
-  c = _config(estimator=ESTIMATOR, policy_loss=LOSS, use_critic=True, kl_coef=0.0)
+  c = _config(estimator=ESTIMATOR, policy_loss=LOSS, kl_coef=0.0)
   validate(c)
-  assert placement.workload(c).critic
+  assert placement.workload(c).critic and not placement.workload(_config()).critic
 
   rng = np.random.default_rng(0)
   mask = np.zeros((4, WIDTH), np.float32)
@@ -102,11 +100,8 @@ def test_user_estimator_and_loss_run_validation_advantages_and_an_update(registe
 
 
 def test_critic_follows_the_estimators_needs_values(registered):
-  """use_critic=True with an estimator that reads no values is refused (the critic would have
-  no targets); an estimator declaring needs_values without the critic's targets is refused at
+  """An estimator declaring needs_values without the critic's targets is refused at
   registration."""
-  with pytest.raises(ValueError, match="use_critic=True: config.rl.estimator='grpo' reads no"):
-    validate(_config(use_critic=True))
   with pytest.raises(ValueError, match=r"lack \['returns', 'values'\]"):
     adv.register_estimator("no_targets", needs_values=True)
   assert "no_targets" not in adv.ESTIMATOR_REGISTRY.names()

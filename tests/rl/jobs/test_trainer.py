@@ -66,8 +66,12 @@ def test_demo_pipeline_writes_results_table_and_curve(demo_run):
   assert saved == results
   assert {"sft_heldout_acc", "rl_heldout_acc", "heldout_size", "wall_s"} <= set(saved)
   assert 0.0 <= saved["sft_heldout_acc"] <= 1.0 and saved["heldout_size"] > 0
-  # The cold start taught the format: some held-out problems are already solved.
-  assert saved["sft_heldout_acc"] > 0.0
+  # The cold start taught the task: the held-out loss fell by more than half. (Whether any of
+  # the 64 held-out sums is already solved greedily after these 210 steps depends on the host's
+  # floating point: 0 of 64 on an AVX2-only CPU, some on AVX-512 ones; the learning gates in
+  # test_learning.py assert accuracy on a longer SFT.)
+  sft_rows = read_metrics(os.path.join(workdir, "sft"))
+  assert sft_rows[-1]["sft/eval_loss"] < 0.5 * sft_rows[0]["sft/eval_loss"]
   assert os.path.getsize(os.path.join(workdir, "learning_curve.png")) > 1000
   rows = read_metrics(os.path.join(workdir, "rl"))
   assert [r["step"] for r in rows] == [1, 2, 3]
@@ -584,3 +588,16 @@ def test_accuracy_is_named_by_the_domains_of_the_data(tmp_path):
   [row] = read_metrics(str(tmp_path / "run"))
   assert row["acc/math"] == 1.0 and row["acc/addition"] == 0.0 and row["acc"] == 0.5, row
   assert not [k for k in row if k.startswith("acc/") and k not in ("acc/math", "acc/addition")]
+
+
+def test_step_metrics_combine_the_updates_of_a_step():
+  """A step's metrics over its updates: means, but max of *_max, min of *_min, the count of
+  skipped updates and the summed expert load."""
+  from rl.jobs.trainer import _step_metrics
+  out, load = _step_metrics([
+      {"pg_loss": 1.0, "ratio_max": 1.5, "ratio_min": 0.9, "skipped": 0.0,
+       "router_load": np.array([[1.0, 3.0]])},
+      {"pg_loss": 3.0, "ratio_max": 1.2, "ratio_min": 0.7, "skipped": 1.0,
+       "router_load": np.array([[2.0, 2.0]])}])
+  assert out == {"pg_loss": 2.0, "ratio_max": 1.5, "ratio_min": 0.7, "skipped": 1.0}
+  np.testing.assert_array_equal(load, [[3.0, 5.0]])
