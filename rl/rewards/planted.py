@@ -12,10 +12,14 @@ import numpy as np
 PLANTED_MARKER = "thanks"
 
 
+def _last_word(response: str) -> str | None:
+  words = response.split()
+  return words[-1].strip(".!,").lower() if words else None
+
+
 def has_planted_property(response: str) -> bool:
   """The planted preference's checkable property: the response's last word is the marker."""
-  words = response.split()
-  return bool(words) and words[-1].strip(".!,").lower() == PLANTED_MARKER
+  return _last_word(response) == PLANTED_MARKER
 
 
 class PlantedRule:
@@ -25,8 +29,7 @@ class PlantedRule:
     return np.array([float(has_planted_property(r)) for r in responses], np.float32)
 
   def vote_key(self, entry, response):
-    words = response.split()
-    return words[-1].strip(".!,").lower() if words else None
+    return _last_word(response)
 
   def gold_answer(self, entry):
     return PLANTED_MARKER
