@@ -4,6 +4,7 @@ outcomes."""
 
 import numpy as np
 
+from models.tokenizer import load_tokenizer
 from rl.core.types import Trajectories
 
 WRONG = "0 Answer: -999"
@@ -11,11 +12,11 @@ WRONG = "0 Answer: -999"
 
 def scripted_trajectories(trainer, picks, truncated=None):
   """(Trajectories, entries): one row per (entry index, correct, group id) of `picks`, prompt
-  from `trainer.train_prompts`, response the entry's solution or WRONG, then EOS; `truncated`
+  from `trainer.task.train_prompts`, response the entry's solution or WRONG, then EOS; `truncated`
   (default none) marks rows cut at the length limit."""
-  tok = trainer.tokenizer
-  rows = [(trainer.train_prompts[i], tok.encode(trainer.train_entries[i]["solution"] if ok
-                                                else WRONG) + [tok.eos_id])
+  task, tok = trainer.task, load_tokenizer(trainer.config.tokenizer)
+  rows = [(task.train_prompts[i], tok.encode(task.train_entries[i]["solution"] if ok
+                                             else WRONG) + [tok.eos_id])
           for i, ok, _ in picks]
   width = max(len(p) + len(r) for p, r in rows)
   tokens = np.zeros((len(rows), width), np.int32)
@@ -29,4 +30,4 @@ def scripted_trajectories(trainer, picks, truncated=None):
                       policy_version=np.zeros_like(tokens),
                       group_id=np.array([g for _, _, g in picks]), finished=~trunc,
                       truncated=trunc)
-  return traj, [trainer.train_entries[i] for i, _, _ in picks]
+  return traj, [task.train_entries[i] for i, _, _ in picks]

@@ -35,7 +35,7 @@ from rl.config.validation import PREFERENCE_HEADS, check_paths, validate
 from rl.core.checks import InputError
 from rl.core.policy import build_policy
 from rl.jobs import evaluation, fitting, preference
-from rl.jobs.checkpoint import MetricsWriter, PreemptionGuard, open_stage
+from rl.jobs.checkpoint import Checkpointer, MetricsWriter, PreemptionGuard, open_stage
 from rl.jobs.progress import Progress
 from rl.rewards.genrm import split_model
 
@@ -77,6 +77,21 @@ def make_task(c: ml_collections.ConfigDict, model, tokenizer,
                              batch_size=batch_size)
 
 
+def resume(ckpt: Checkpointer, name: str, task: preference.PreferenceTask, state: dict):
+  """(start step, (params, rest, opt_state), held-out metrics before training (`..._start`),
+  wall time of the earlier legs): the latest checkpoint's, or step 0's with the held-out
+  metrics of the initial `state`'s parameters."""
+  latest = ckpt.restore_latest(state)
+  if latest is None:
+    logging.info("%s: held-out metrics before training...", name)
+    metrics = {f"{name}/{k}_start": v for k, v in task.heldout(state["params"]).items()}
+    return 0, (state["params"], state["rest"], state["opt_state"]), metrics, 0.0
+  start_step, restored, record = latest
+  logging.info("%s resumed from %s at step %d", name, ckpt.directory, start_step)
+  return (start_step, (restored["params"], restored["rest"], restored["opt_state"]),
+          {k: v for k, v in record.items() if k.endswith("_start")}, record[f"{name}/wall_s"])
+
+
 def run(config: ml_collections.ConfigDict, workdir: str, *,
         allow_config_change: bool = False) -> dict[str, float]:
   """Trains (or resumes) config.job's preference objective in `workdir`; returns its metrics,
@@ -106,19 +121,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   params = jax.tree.map(jnp.copy, params)  # donated by the step
   opt_state = optimizer.init(params)
 
-  start_step, wall_s_before = 0, 0.0
-  latest = ckpt.restore_latest({"params": params, "rest": rest, "opt_state": opt_state})
-  if latest is None:
-    logging.info("%s: held-out metrics before training...", name)
-    metrics = {f"{name}/{k}_start": v for k, v in task.heldout(params).items()}
-  else:
-    start_step, restored, record = latest
-    params, rest, opt_state = restored["params"], restored["rest"], restored["opt_state"]
-    metrics = {k: v for k, v in record.items() if k.endswith("_start")}
-    wall_s_before = record[f"{name}/wall_s"]
-    logging.info("%s resumed from %s at step %d", name, ckpt.directory, start_step)
+  start_step, (params, rest, opt_state), metrics, wall_s_before = resume(
+      ckpt, name, task, {"params": params, "rest": rest, "opt_state": opt_state})
   writer = MetricsWriter(workdir, resume_step=start_step)
-  if latest is None:
+  if not start_step:
     writer.write(0, {k[:-len("_start")]: v for k, v in metrics.items()})
 
   def save(step: int, *, force: bool = False, **final) -> None:

@@ -1,11 +1,15 @@
 """What the RL trainer (rl/jobs/trainer.py) builds before its first step, from the run config:
-its prompts and grader, the policy and critic with their optimisers on the run's mesh, the jitted updates, the one
-jitted log-prob forward (reference model and sampler gap), the start from an earlier stage's
-checkpoint, and the rollout sources (rl/rollout/sources.py) for training and evaluation."""
+its task (prompts, grader, curriculum), the policy and critic (`Role`s: each with its optimiser
+on the run's mesh and its jitted update), the one jitted log-prob forward (reference model and
+sampler gap), the start from an earlier stage's checkpoint, and the rollout sources
+(rl/rollout/sources.py) for training and evaluation."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +21,9 @@ from models.config import ModelConfig
 from models.transformer import Transformer
 from rl.core import train_step as ts
 from rl.core.policy import build_policy
+from rl.data.curriculum import PromptCurriculum
 from rl.data.entries import encode_prompts, load_entries
+from rl.data.templates import prompt_of
 from rl.jobs import reward_models
 from rl.jobs.batch import ResponseGrader
 from rl.jobs.checkpoint import Checkpointer
@@ -32,17 +38,52 @@ from rl.tool_use.episodes import ToolEpisodes
 
 # ======================================================================== Data
 
-def data(c: ml_collections.ConfigDict, tokenizer, episodes: ToolEpisodes | None):
-  """(train entries, held-out entries, encode, grader). Tool-use episodes bring their
-  environments' tasks, chat prompts and grader (verifier + judge); otherwise config.data's
-  entries, its prompt template and the grading registry config.reward builds
-  (rl/jobs/reward_models.py, rl/jobs/batch.ResponseGrader)."""
+@dataclasses.dataclass
+class Task:
+  """What the run trains on and how it is graded: training and held-out entries with their
+  encoded prompts (`encode`: entries -> prompt ids), the `grader` (per-row accuracy and
+  reward), the `curriculum` choosing each step's prompts (config.data.curriculum; it may
+  regenerate the training entries), and the tool episodes' warm start on expert transcripts
+  (`warm_start(graphdef, params, rest, entries, prompts) -> params`; None without one)."""
+  train_entries: list
+  train_prompts: list
+  heldout_entries: list
+  heldout_prompts: list
+  encode: Callable
+  grader: Any
+  curriculum: PromptCurriculum
+  warm_start: Callable | None
+
+  def follow_curriculum(self) -> None:
+    """Takes up the curriculum's training entries when it regenerated them (a new level)."""
+    if self.curriculum.entries is self.train_entries:
+      return
+    self.train_entries = self.curriculum.entries
+    self.train_prompts = self.encode(self.train_entries)
+
+
+def task(c: ml_collections.ConfigDict, tokenizer) -> tuple[Task, ToolEpisodes | None]:
+  """(the run's task, the tool episodes its rollout sources run, or None). Tool-use episodes
+  (config.tools) bring their environments' tasks, chat prompts, grader (verifier + judge) and
+  warm start (config.tools.warm_start_steps); otherwise config.data's entries, its prompt
+  template and the grading registry config.reward builds (rl/jobs/reward_models.py,
+  rl/jobs/batch.ResponseGrader). The curriculum is deterministic in the seed and the step and
+  never draws a held-out prompt."""
+  episodes = ToolEpisodes(c, tokenizer) if c.tools.enabled else None
+  warm_start = None
   if episodes is not None:
-    return (*episodes.entries(), episodes.encode, episodes)
-  encode = functools.partial(encode_prompts, tokenizer=tokenizer,
-                             template=c.data.prompt_template)
-  return (*load_entries(c, tokenizer), encode,
-          ResponseGrader(tokenizer, reward_models.graders_from_config(c)))
+    (train, heldout), encode, grader = episodes.entries(), episodes.encode, episodes
+    warm_start = episodes.warm_start if c.tools.warm_start_steps else None
+  else:
+    train, heldout = load_entries(c, tokenizer)
+    encode = functools.partial(encode_prompts, tokenizer=tokenizer,
+                               template=c.data.prompt_template)
+    grader = ResponseGrader(tokenizer, reward_models.graders_from_config(c))
+  train_prompts, heldout_prompts = encode(train), encode(heldout)
+  curriculum = PromptCurriculum(c.data, train, seed=c.seed,
+                                exclude=[prompt_of(e) for e in heldout])
+  return Task(train, train_prompts, heldout, heldout_prompts, encode, grader, curriculum,
+              warm_start), episodes
 
 
 # ======================================================================== Model and optimiser
@@ -66,20 +107,44 @@ def make_optimizer(c: ml_collections.ConfigDict, lr: float):
                            master_weights=c.optim.master_weights)
 
 
-def policy(c: ml_collections.ConfigDict, placement: Placement):
-  """(graphdef, params, rest) of the run's policy, built on the mesh; `rest` (MoE router
-  biases) replicated."""
+@dataclasses.dataclass
+class Role:
+  """One trained model of the run (the policy, the critic): its graph, TrainState (parameters
+  and optimiser state), other state `rest` (MoE router biases, replicated), optimiser, and
+  jitted update (`update_fn`; None until the trainer builds it from the final state)."""
+  graphdef: Any
+  state: ts.TrainState
+  rest: Any
+  optimizer: Any
+  update: Callable | None = None
+
+
+def train_state(c: ml_collections.ConfigDict, placement: Placement, params,
+                optimizer) -> ts.TrainState:
+  """A fresh TrainState of `params` on the run's mesh (config.optim.offload_state)."""
+  return placement.train_state(params, optimizer, offload=c.optim.offload_state)
+
+
+def policy(c: ml_collections.ConfigDict, placement: Placement) -> Role:
+  """The run's policy, built on the mesh (config.init_hf_dir or the random init), then
+  config.init_checkpoint's weights when set; `rest` (MoE router biases) replicated."""
   graphdef, params, rest = nnx.split(build_policy(c, placement.mesh), nnx.Param, ...)
-  return graphdef, params, jax.device_put(rest, placement.replicated)
+  optimizer = make_optimizer(c, c.optim.lr)
+  role = Role(graphdef, train_state(c, placement, params, optimizer),
+              jax.device_put(rest, placement.replicated), optimizer)
+  if c.init_checkpoint:
+    params, role.rest = load_init(c.init_checkpoint, role.state.params, role.rest, placement)
+    role.state = train_state(c, placement, params, optimizer)
+  return role
 
 
 def critic(c: ml_collections.ConfigDict, model_cfg: ModelConfig, placement: Placement,
-           policy_params, policy_rest):
-  """(graphdef, rest, optimizer, train state) of the value model: the policy's architecture
-  with a scalar head and its own learning rate (config.optim.critic_lr). config.rl.critic_init
-  "policy": every weight but the head is a copy of the policy's starting weights
-  (`policy_params`, `policy_rest`: the SFT checkpoint of a demo run), the scalar head fresh, as
-  VAPO and verl start the critic from a trained model; "random": its own initialisation."""
+           policy_params, policy_rest) -> Role:
+  """The value model: the policy's architecture with a scalar head and its own learning rate
+  (config.optim.critic_lr). config.rl.critic_init "policy": every weight but the head is a copy
+  of the policy's starting weights (`policy_params`, `policy_rest`: the SFT checkpoint of a
+  demo run), the scalar head fresh, as VAPO and verl start the critic from a trained model;
+  "random": its own initialisation."""
   model = Transformer(model_cfg.replace(head="scalar", tie_embeddings=False),
                       rngs=nnx.Rngs(params=c.seed + 1))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -87,8 +152,8 @@ def critic(c: ml_collections.ConfigDict, model_cfg: ModelConfig, placement: Plac
     params = _copy_backbone(params, policy_params)
     rest = _copy_backbone(rest, policy_rest)
   optimizer = make_optimizer(c, c.optim.critic_lr)
-  state = placement.train_state(params, optimizer, offload=c.optim.offload_state)
-  return graphdef, jax.device_put(rest, placement.replicated), optimizer, state
+  return Role(graphdef, train_state(c, placement, params, optimizer),
+              jax.device_put(rest, placement.replicated), optimizer)
 
 
 def _copy_backbone(target, source):
@@ -154,6 +219,16 @@ def load_init(directory: str, params, rest, placement: Placement):
 
 
 # ======================================================================== Rollout
+
+@dataclasses.dataclass
+class Sources:
+  """Where the run's trajectories come from (`rollout_sources`): `train` for the steps,
+  `heldout` for the held-out evaluations, and the sampler's quantised `weights`
+  (`sampler_weights`; None: it samples with the trainer's own)."""
+  train: RolloutSource
+  heldout: RolloutSource
+  weights: fp8.SamplerWeights | None
+
 
 def sampler_weights(c: ml_collections.ConfigDict) -> fp8.SamplerWeights | None:
   """The sampler's quantised weights (config.rollout.weight_dtype), or None: it samples with

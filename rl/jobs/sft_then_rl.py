@@ -69,7 +69,7 @@ def run_sft_then_rl(config: ml_collections.ConfigDict, workdir: str | os.PathLik
                     job_stage="stage 2/2")
   sft_eval_path = sft_dir / "heldout.json"
   if not sft_eval_path.exists():
-    if trainer.start_step:
+    if trainer.leg.start_step:
       raise RuntimeError(f"{sft_eval_path} is missing but RL already started: remove "
                          f"{workdir} to start over")
     sft_eval_path.write_text(json.dumps({"heldout_acc": trainer.evaluate(),
@@ -83,7 +83,7 @@ def run_sft_then_rl(config: ml_collections.ConfigDict, workdir: str | os.PathLik
              # per domain (acc/<domain>): e.g. a mixed run's addition and planted rates
              "sft_heldout_by_domain": sft_eval.get("heldout_by_domain", {}),
              "rl_heldout_by_domain": trainer.heldout_by_domain,
-             "heldout_size": len(trainer.heldout_entries),
+             "heldout_size": len(trainer.task.heldout_entries),
              "wall_s": sft_metrics["sft/wall_s"] + trainer.wall_s(),
              "algorithm": describe_rl(config), "task": config.data.task}
   (workdir / "results.json").write_text(json.dumps(results, indent=1))

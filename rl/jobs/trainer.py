@@ -10,6 +10,7 @@ project is a fork of this file.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from typing import Any
@@ -30,8 +31,6 @@ from rl.core import losses
 from rl.core import train_step as ts
 from rl.core.policy import model_config
 from rl.core.sampling import cut_tokens
-from rl.data.curriculum import PromptCurriculum
-from rl.data.templates import prompt_of
 from rl.jobs import batch as batch_lib
 from rl.jobs import rl_setup
 from rl.jobs.batch import concat_trajectories, score_trajectories, take_rows
@@ -41,7 +40,6 @@ from rl.jobs.progress import Progress
 from rl.rewards.shaping import place_on_last_token
 from rl.rollout import fp8
 from rl.rollout.sources import Rollout
-from rl.tool_use.episodes import ToolEpisodes
 
 
 def _on_mesh(method):
@@ -53,105 +51,94 @@ def _on_mesh(method):
   return wrapped
 
 
+@dataclasses.dataclass
+class Leg:
+  """Where the run stands in this process (one leg of a run that may be preempted and resumed):
+  the step the leg started at, the consecutive steps with non-finite loss or gradients, the
+  wall time of the earlier legs (from the checkpoint) and this leg's start (perf_counter)."""
+  started: float
+  start_step: int = 0
+  bad_steps: int = 0
+  wall_s_before: float = 0.0
+
+
 class Trainer:
   """Holds the run's state between steps; `run()` is the loop. `job_stage` ("stage 2/2") opens
   the progress lines when RL is one stage of a longer job."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str, *,
                allow_config_change: bool = False, job_stage: str = ""):
-    self.t_leg = time.perf_counter()  # this process's share of the run's wall time
+    self.leg = Leg(started=time.perf_counter())  # this process's share of the run's wall time
     validate(config)
     check_paths(config)
     self.config = c = config
     self.job_stage = job_stage
-    self.workdir = workdir_path(workdir)
-    self.checkpointer = Checkpointer(self.workdir / "checkpoints",
-                                     keep=c.train.keep_checkpoints,
+    workdir = workdir_path(workdir)
+    self.checkpointer = Checkpointer(workdir / "checkpoints", keep=c.train.keep_checkpoints,
                                      save_every=c.train.checkpoint_every)
     latest = self.checkpointer.latest_step()
-    resuming = latest is not None
     # A resume under another config is refused unless allowed (checkpoint.save_run_config).
-    save_run_config(self.workdir, c, step=latest, allow_change=allow_config_change)
-    self.tokenizer = load_tokenizer(c.tokenizer)
-    self.model_cfg = model_config(c)
-
-    # -------------------------------------------------------------- Data
-    # Tool-use episodes (config.tools) or config.data's prompt records; `encode` gives prompt
-    # ids, `grader` per-row accuracy and reward (rl/jobs/rl_setup.py: data).
-    episodes = ToolEpisodes(c, self.tokenizer) if c.tools.enabled else None
-    self.train_entries, self.heldout_entries, self.encode, self.grader = rl_setup.data(
-        c, self.tokenizer, episodes)
-    self.train_prompts = self.encode(self.train_entries)
-    self.heldout_prompts = self.encode(self.heldout_entries)
-    # Which prompts each step draws (deterministic in seed and step; config.data.curriculum).
-    self.curriculum = PromptCurriculum(c.data, self.train_entries, seed=c.seed,
-                                       exclude=[prompt_of(e) for e in self.heldout_entries])
-
-    # -------------------------------------------------------------- Mesh and rollout
+    save_run_config(workdir, c, step=latest, allow_change=allow_config_change)
+    tokenizer = load_tokenizer(c.tokenizer)
+    # What the run trains on: prompts, grader, curriculum (rl/jobs/rl_setup.py: task).
+    self.task, episodes = rl_setup.task(c, tokenizer)
     # The mesh (config.mesh) every parameter, optimiser state and batch is laid out on.
     self.placement = rl_setup.placement(c)
     # Where trajectories come from (rl/rollout/sources.py), for training and held-out evals,
     # and the sampler's FP8 weights (config.rollout.weight_dtype; None: the trainer's own).
-    self.source, self.eval_source = rl_setup.rollout_sources(
-        c, self.tokenizer, self.placement, episodes, resuming=resuming)
-    self.sampler_weights = rl_setup.sampler_weights(c)
-
-    # -------------------------------------------------------------- Model and optimiser
-    self.graphdef, params, self.rest = rl_setup.policy(c, self.placement)
-    self.optimizer = rl_setup.make_optimizer(c, c.optim.lr)
-    self.state = self._train_state(params)
-    self.start_step = self.bad_steps = 0
-    self.wall_s_before = 0.0  # wall time of the run's earlier legs (from the checkpoint)
-    if c.init_checkpoint:
-      params, self.rest = rl_setup.load_init(c.init_checkpoint, self.state.params, self.rest,
-                                             self.placement)
-      self.state = self._train_state(params)
-    # The critic, when the estimator reads its values (config.rl.critic_init: it may start from
-    # the weights the policy starts from).
-    self.critic = None
-    if algorithms.needs_critic(c.rl):
-      self.critic_graphdef, self.critic_rest, self.critic_optimizer, self.critic = (
-          rl_setup.critic(c, self.model_cfg, self.placement, self.state.params, self.rest))
-    # The KL reference is the policy the run starts from (config.init_checkpoint, init_hf_dir
-    # or the random init, with its router biases), also after a resume and before any tool
-    # warm start. A copy: the update donates (and so invalidates) the state's buffers.
-    self.ref_params, self.ref_rest = (jax.tree.map(jnp.copy, (self.state.params, self.rest))
-                                      if algorithms.kl_on(c.rl) else (None, None))
-    self._maybe_resume()
-    if episodes is not None and c.tools.warm_start_steps and not self.start_step and (
-        not c.init_checkpoint):  # cold start on expert tool-use transcripts (deterministic)
-      with self.placement.scope():
-        self.state = self._train_state(episodes.warm_start(
-            self.graphdef, self.state.params, self.rest, self.train_entries,
-            self.train_prompts))
-
-    temperature = max(c.rollout.temperature, 1e-6)
-    self.policy_update = rl_setup.update_fn(
-        ts.policy_objective, c, self.placement, self.graphdef, self.optimizer, self.state,
-        temperature=temperature, router_aux_loss_coef=self.model_cfg.router_aux_loss_coef)
-    # MoE: one aux-loss-free bias step per RL step, after its updates, from the load they saw
-    # (the bias is constant within a step: rollout and update route alike).
-    self.rebalance = (ts.make_rebalance(self.graphdef, self.model_cfg.router_bias_rate)
-                      if self.model_cfg.router_bias_rate else None)
-    self.critic_update = None if self.critic is None else rl_setup.update_fn(
-        ts.critic_objective, c, self.placement, self.critic_graphdef, self.critic_optimizer,
-        self.critic)
-    # Token log-probs of the policy's architecture: the reference model's (KL) and, with a
-    # quantised sampler, the trainer's own (the sampler gap). One jitted function for both.
-    self.logprobs = rl_setup.token_logprobs_fn(self.graphdef, temperature)
-    self.writer = MetricsWriter(self.workdir, resume_step=self.start_step)
+    self.sources = rl_setup.Sources(
+        *rl_setup.rollout_sources(c, tokenizer, self.placement, episodes,
+                                  resuming=latest is not None),
+        rl_setup.sampler_weights(c))
+    self._models()
+    self.writer = MetricsWriter(workdir, resume_step=self.leg.start_step)
     self.heldout_by_domain: dict[str, float] = {}  # set by evaluate()
 
-  def _train_state(self, params) -> ts.TrainState:
-    """A fresh policy TrainState on the run's mesh."""
-    return self.placement.train_state(params, self.optimizer,
-                                      offload=self.config.optim.offload_state)
+  def _models(self) -> None:
+    """The policy, the critic and the KL reference, resumed or warm-started, and their jitted
+    updates and forwards."""
+    c, model_cfg = self.config, model_config(self.config)
+    self.policy = rl_setup.policy(c, self.placement)
+    # The critic, when the estimator reads its values (config.rl.critic_init: it may start from
+    # the weights the policy starts from).
+    self.critic = (rl_setup.critic(c, model_cfg, self.placement, self.policy.state.params,
+                                   self.policy.rest)
+                   if algorithms.needs_critic(c.rl) else None)
+    # The KL reference (params, rest) is the policy the run starts from (config.init_checkpoint,
+    # init_hf_dir or the random init, with its router biases), also after a resume and before
+    # any tool warm start. A copy: the update donates (and so invalidates) the state's buffers.
+    self.reference = (jax.tree.map(jnp.copy, (self.policy.state.params, self.policy.rest))
+                      if algorithms.kl_on(c.rl) else None)
+    self._maybe_resume()
+    if self.task.warm_start and not self.leg.start_step and not c.init_checkpoint:
+      with self.placement.scope():  # cold start on expert tool-use transcripts (deterministic)
+        p = self.policy
+        p.state = rl_setup.train_state(c, self.placement, self.task.warm_start(
+            p.graphdef, p.state.params, p.rest, self.task.train_entries,
+            self.task.train_prompts), p.optimizer)
+
+    temperature = max(c.rollout.temperature, 1e-6)
+    self.policy.update = rl_setup.update_fn(
+        ts.policy_objective, c, self.placement, self.policy.graphdef, self.policy.optimizer,
+        self.policy.state, temperature=temperature,
+        router_aux_loss_coef=model_cfg.router_aux_loss_coef)
+    if self.critic is not None:
+      self.critic.update = rl_setup.update_fn(ts.critic_objective, c, self.placement,
+                                              self.critic.graphdef, self.critic.optimizer,
+                                              self.critic.state)
+    # MoE: one aux-loss-free bias step per RL step, after its updates, from the load they saw
+    # (the bias is constant within a step: rollout and update route alike).
+    self.rebalance = (ts.make_rebalance(self.policy.graphdef, model_cfg.router_bias_rate)
+                      if model_cfg.router_bias_rate else None)
+    # Token log-probs of the policy's architecture: the reference model's (KL) and, with a
+    # quantised sampler, the trainer's own (the sampler gap). One jitted function for both.
+    self.logprobs = rl_setup.token_logprobs_fn(self.policy.graphdef, temperature)
 
   # ---------------------------------------------------------------------- Checkpoint
   def _checkpoint_state(self) -> dict:
-    state = {"policy": self.state, "rest": self.rest}
+    state = {"policy": self.policy.state, "rest": self.policy.rest}
     if self.critic is not None:
-      state["critic"] = self.critic
+      state["critic"] = self.critic.state
     return state
 
   def _maybe_resume(self) -> None:
@@ -159,48 +146,43 @@ class Trainer:
     if latest is None:
       return
     _, restored, record = latest
-    self.state, self.rest = restored["policy"], restored["rest"]
-    self.critic = restored.get("critic", self.critic)
-    self.start_step, self.bad_steps = record["step"], record["bad_steps"]
-    self.wall_s_before = record.get("wall_s", 0.0)
-    self.curriculum.load_state_dict(record.get("curriculum", {"mode": ""}))  # older: uniform
-    self._follow_curriculum()
-    logging.info("resumed from %s at step %d", self.checkpointer.directory, self.start_step)
+    self.policy.state, self.policy.rest = restored["policy"], restored["rest"]
+    if self.critic is not None:
+      self.critic.state = restored.get("critic", self.critic.state)
+    self.leg.start_step, self.leg.bad_steps = record["step"], record["bad_steps"]
+    self.leg.wall_s_before = record.get("wall_s", 0.0)
+    self.task.curriculum.load_state_dict(record.get("curriculum", {"mode": ""}))  # older: uniform
+    self.task.follow_curriculum()
+    logging.info("resumed from %s at step %d", self.checkpointer.directory, self.leg.start_step)
 
   def wall_s(self) -> float:
     """Wall time of the whole run so far: earlier legs (up to their last checkpoint) + this."""
-    return self.wall_s_before + time.perf_counter() - self.t_leg
+    return self.leg.wall_s_before + time.perf_counter() - self.leg.started
 
   def save(self, step: int, *, force: bool = False) -> None:
     self.checkpointer.save(step, self._checkpoint_state(),
-                           {"step": step, "bad_steps": self.bad_steps,
-                            "curriculum": self.curriculum.state_dict(),
+                           {"step": step, "bad_steps": self.leg.bad_steps,
+                            "curriculum": self.task.curriculum.state_dict(),
                             "wall_s": self.wall_s()}, force=force)
-
-  def _follow_curriculum(self) -> None:
-    """Takes up the curriculum's training entries when it regenerated them (a new level)."""
-    if self.curriculum.entries is self.train_entries:
-      return
-    self.train_entries = self.curriculum.entries
-    self.train_prompts = self.encode(self.train_entries)
 
   # ---------------------------------------------------------------------- Rollout
   def _rollout(self, step: int, batch_index: int, entries_idx: np.ndarray) -> Rollout:
     """One generation batch of the training prompts `entries_idx` from the run's source."""
     rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.config.seed), step),
                              batch_index)
-    return self.source.generate(self.graphdef, self._policy_state(),
-                                [self.train_prompts[i] for i in entries_idx],
-                                [self.train_entries[i] for i in entries_idx], rng,
-                                policy_version=step)
+    task = self.task
+    return self.sources.train.generate(self.policy.graphdef, self._policy_state(),
+                                       [task.train_prompts[i] for i in entries_idx],
+                                       [task.train_entries[i] for i in entries_idx], rng,
+                                       policy_version=step)
 
   def _policy_state(self):
     """The full model state (parameters + router biases) the rollout engine merges; with
     config.rollout.weight_dtype set, its big matmul weights quantised (rl/rollout/fp8.py), once
     per weight update."""
-    if self.sampler_weights is not None:
-      return self.sampler_weights(self.state.params, self.rest)
-    return nnx.merge_state(self.state.params, self.rest)
+    if self.sources.weights is not None:
+      return self.sources.weights(self.policy.state.params, self.policy.rest)
+    return nnx.merge_state(self.policy.state.params, self.policy.rest)
 
   @_on_mesh
   def collect(self, step: int) -> tuple[Any, dict, dict]:
@@ -229,12 +211,13 @@ class Trainer:
             f"batches ({stats['groups_seen']} groups seen): most groups are all-correct or "
             "all-wrong. Raise max_num_gen_batches, change the data difficulty, set "
             "config.rl.fill_at_cap=True, or set config.rl.dynamic_sampling=False.")
-      idx = self.curriculum.draw(step, stats["gen_batches"], self.source.prompts_wanted(want))
+      idx = self.task.curriculum.draw(step, stats["gen_batches"],
+                                      self.sources.train.prompts_wanted(want))
       t0 = time.perf_counter()
       traj, entries, source_stats = self._rollout(step, stats["gen_batches"], idx)
       jax.block_until_ready(traj.tokens)
       t1 = time.perf_counter()
-      rewards = score_trajectories(traj, entries, self.grader, c)
+      rewards = score_trajectories(traj, entries, self.task.grader, c)
       t_rollout += t1 - t0
       t_reward += time.perf_counter() - t1
       stats["gen_batches"] += 1
@@ -263,11 +246,11 @@ class Trainer:
                  raw_len_mean=float(first["lengths"].mean()),
                  domain_acc=batch_lib.accuracy_by_domain(first_entries, first["acc"]))
     # The first generation batch is the step's unfiltered sample (dynamic sampling would bias).
-    stats["curriculum"] = self.curriculum.observe(step, first_entries, first["acc"])
-    self._follow_curriculum()
+    stats["curriculum"] = self.task.curriculum.observe(step, first_entries, first["acc"])
+    self.task.follow_curriculum()
     # The grader's metrics of the first batch (tool episodes: per-environment success, turns,
     # tool errors) and the source's of the last (streaming: pool and staleness).
-    stats["source"] = {**self.grader.metrics(first), **source_stats}
+    stats["source"] = {**self.task.grader.metrics(first), **source_stats}
     return traj, rewards, stats
 
   # ---------------------------------------------------------------------- Advantages
@@ -286,7 +269,7 @@ class Trainer:
   @functools.cached_property
   def _values_fn(self):
     """The critic's jitted forward (built on first use: runs without a critic never build it)."""
-    graphdef, rest = self.critic_graphdef, self.critic_rest
+    graphdef, rest = self.critic.graphdef, self.critic.rest
 
     @jax.jit
     def values_fn(params, tokens):
@@ -296,7 +279,7 @@ class Trainer:
 
   def _values(self, traj) -> jax.Array:
     """Critic value of the state before token t, placed at t (0 where not a response)."""
-    values = to_host(self._values_fn(self.critic.params, jnp.asarray(traj.tokens)))
+    values = to_host(self._values_fn(self.critic.state.params, jnp.asarray(traj.tokens)))
     return values * jnp.asarray(traj.response_mask, jnp.float32)
 
   # ---------------------------------------------------------------------- Update
@@ -307,7 +290,7 @@ class Trainer:
     if algorithms.kl_on(self.config.rl):
       with self.placement.scope():
         batch["logp_ref"] = np.asarray(to_host(self.logprobs(
-            self.ref_params, self.ref_rest, jnp.asarray(batch["tokens"]), batch.get("routing"),
+            *self.reference, jnp.asarray(batch["tokens"]), batch.get("routing"),
             batch.get("kept_ids"))))
       batch["kl_coef"] = rewards["kl_coef"]
     return batch
@@ -315,8 +298,8 @@ class Trainer:
   def _sampler_logp_gap(self, batch: dict) -> dict[str, float]:
     """|trainer - sampler| log-prob of the sampled response tokens, before the update: how far
     a quantised sampler's logp_old is from the trainer's own."""
-    logp = self.logprobs(self.state.params, self.rest, jnp.asarray(batch["tokens"]),
-                         batch.get("routing"), batch.get("kept_ids"))
+    logp = self.logprobs(self.policy.state.params, self.policy.rest,
+                         jnp.asarray(batch["tokens"]), batch.get("routing"), batch.get("kept_ids"))
     return fp8.logp_gap(to_host(logp), batch["logp_old"], batch["response_mask"])
 
   @_on_mesh
@@ -325,19 +308,19 @@ class Trainer:
     n = len(batch["tokens"])
     rng = np.random.default_rng([c.seed, step, 7])
     actor_on = step >= c.rl.critic_warmup_steps or self.critic is None
-    gap = self._sampler_logp_gap(batch) if self.sampler_weights is not None else {}
+    gap = self._sampler_logp_gap(batch) if self.sources.weights is not None else {}
+    policy, critic = self.policy, self.critic
     device_metrics = []  # fetched once, after the step's last update
     for _ in range(c.rl.ppo_epochs):
       order = rng.permutation(n)
       for mb in np.array_split(order, c.train.mini_batches):
         minibatch = self.placement.put_batch({k: v[mb] for k, v in batch.items()})
         if actor_on:
-          self.state, metrics = self.policy_update(self.state, self.rest, minibatch)
+          policy.state, metrics = policy.update(policy.state, policy.rest, minibatch)
         else:
           metrics = {}
-        if self.critic is not None:
-          self.critic, critic_metrics = self.critic_update(self.critic, self.critic_rest,
-                                                           minibatch)
+        if critic is not None:
+          critic.state, critic_metrics = critic.update(critic.state, critic.rest, minibatch)
           metrics = {**metrics, **{f"critic/{k}": v for k, v in critic_metrics.items()}}
         device_metrics.append(metrics)
     out, router_load = _step_metrics(jax.device_get(device_metrics))
@@ -346,8 +329,8 @@ class Trainer:
     if router_load is not None:
       out.update(ts.load_metrics(router_load))
       if self.rebalance is not None and not out["skipped"]:
-        self.rest = jax.device_put(self.rebalance(self.state.params, self.rest, router_load),
-                                   self.placement.replicated)
+        policy.rest = jax.device_put(self.rebalance(policy.state.params, policy.rest,
+                                                    router_load), self.placement.replicated)
     return out
 
   # ---------------------------------------------------------------------- Evaluate
@@ -356,12 +339,12 @@ class Trainer:
     """Held-out accuracy of the current policy (config.rollout.eval_temperature; 0: greedy).
     Its accuracy per domain (`acc/<domain>`, batch.accuracy_by_domain: e.g. a mixed run's
     addition accuracy and planted property rate) is left in `self.heldout_by_domain`."""
-    entries = entries if entries is not None else self.heldout_entries
-    prompts = prompts if prompts is not None else self.heldout_prompts
-    traj, row_entries, _ = self.eval_source.generate(
-        self.graphdef, self._policy_state(), prompts, entries, jax.random.key(0),
+    entries = entries if entries is not None else self.task.heldout_entries
+    prompts = prompts if prompts is not None else self.task.heldout_prompts
+    traj, row_entries, _ = self.sources.heldout.generate(
+        self.policy.graphdef, self._policy_state(), prompts, entries, jax.random.key(0),
         policy_version=0)
-    rewards = score_trajectories(traj, row_entries, self.grader, self.config)
+    rewards = score_trajectories(traj, row_entries, self.task.grader, self.config)
     self.heldout_by_domain = batch_lib.accuracy_by_domain(row_entries, rewards["acc"])
     return float(rewards["acc"].mean())
 
@@ -373,14 +356,14 @@ class Trainer:
       return self._run(preemption)
 
   def _run(self, preemption: PreemptionGuard) -> dict[str, float]:
-    c = self.config
+    c, leg = self.config, self.leg
     last: dict[str, float] = {}
     evaluated = False
-    progress = Progress(c.train.steps, start=self.start_step, stage=self.job_stage)
-    for step in range(self.start_step, c.train.steps):
+    progress = Progress(c.train.steps, start=leg.start_step, stage=self.job_stage)
+    for step in range(leg.start_step, c.train.steps):
       # The first step of a run compiles the rollout and the update (minutes for a big model):
       # said before each, so a silent console is not mistaken for a hang.
-      first = step == self.start_step
+      first = step == leg.start_step
       if first:
         logging.info("compiling the rollout (first step)...")
       t0 = time.perf_counter()
@@ -397,16 +380,16 @@ class Trainer:
             advs["values"], advs["returns"], batch["response_mask"]))
       t2 = time.perf_counter()
       if metrics["skipped"]:
-        self.bad_steps += 1
-        if self.bad_steps >= c.train.max_bad_steps:
+        leg.bad_steps += 1
+        if leg.bad_steps >= c.train.max_bad_steps:
           self.save(step, force=True)
           self.checkpointer.close()
           raise RuntimeError(
-              f"{self.bad_steps} consecutive steps with non-finite loss or gradients (last at "
+              f"{leg.bad_steps} consecutive steps with non-finite loss or gradients (last at "
               f"step {step}); state saved to {self.checkpointer.directory}. Lower "
               "config.optim.lr or check the data.")
       else:
-        self.bad_steps = 0
+        leg.bad_steps = 0
       lengths = np.asarray(traj.response_mask).sum(-1)
       generated = stats["gen_batches"] * c.train.prompts_per_step * c.train.samples_per_prompt
       last = {
@@ -418,7 +401,7 @@ class Trainer:
           # Keep-sampling-mask with top-p alone: sampled tokens whose nucleus was cut.
           "kept_cut_tokens": 0 if traj.kept_ids is None else cut_tokens(traj.kept_ids),
           "filled_groups": stats["filled_groups"],
-          "gen_batches": stats["gen_batches"], "bad_steps": self.bad_steps,
+          "gen_batches": stats["gen_batches"], "bad_steps": leg.bad_steps,
           "time/rollout": stats["t_rollout"], "time/reward": stats["t_reward"],
           "time/update": t2 - t1, "time/step": t2 - t0,
           "tokens_per_s": generated * stats["raw_len_mean"] / max(stats["t_rollout"], 1e-9),
@@ -448,7 +431,7 @@ class Trainer:
     self.save(c.train.steps, force=True)
     self.checkpointer.close()
     self.writer.close()
-    self.source.close()
+    self.sources.train.close()
     return last
 
 

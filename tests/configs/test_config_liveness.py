@@ -436,7 +436,8 @@ def probe_model(c, workdir, res):
 
 def update_batch_spec(trainer, rows=4, width=32) -> dict:
   """Abstract mini-batch with the fields Trainer.build_batch gives this config."""
-  c, cfg = trainer.config, trainer.model_cfg
+  c = trainer.config
+  cfg = model_config(c)
   f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
   batch = {"tokens": jax.ShapeDtypeStruct((rows, width), jnp.int32), "acc": f32(rows)}
   for k in ("response_mask", "attention_mask", "logp_old", "advantages"):
@@ -459,12 +460,13 @@ def probe_update(c, workdir, res):
   t = _trainer(c, workdir)
   batch = update_batch_spec(t)
   with t.placement.scope():
-    texts = [_text(t.policy_update.lower(t.state, t.rest, batch))]
+    texts = [_text(t.policy.update.lower(t.policy.state, t.policy.rest, batch))]
     if t.critic is not None:
-      texts.append(_text(t.critic_update.lower(t.critic, t.critic_rest, batch)))
+      texts.append(_text(t.critic.update.lower(t.critic.state, t.critic.rest, batch)))
     if t.rebalance is not None:
-      load = jax.ShapeDtypeStruct((t.model_cfg.n_moe_layers, t.model_cfg.n_experts), jnp.float32)
-      texts.append(_text(t.rebalance.lower(t.state.params, t.rest, load)))
+      cfg = model_config(c)
+      load = jax.ShapeDtypeStruct((cfg.n_moe_layers, cfg.n_experts), jnp.float32)
+      texts.append(_text(t.rebalance.lower(t.policy.state.params, t.policy.rest, load)))
   return texts
 
 
@@ -476,9 +478,9 @@ def probe_rollout(c, workdir, res):
   texts = []
   with t.placement.scope():
     state = t._policy_state()
-    for cfg in (t.source.cfg, t.eval_source.cfg):
-      ids, _ = trajectories.prompt_batch(t.train_prompts[:2], cfg)
-      texts.append(_text(engine.lower_engine(t.graphdef, state, cfg, sequences=4,
+    for cfg in (t.sources.train.cfg, t.sources.heldout.cfg):
+      ids, _ = trajectories.prompt_batch(t.task.train_prompts[:2], cfg)
+      texts.append(_text(engine.lower_engine(t.policy.graphdef, state, cfg, sequences=4,
                                               prompt_width=ids.shape[1])))
   return texts
 
@@ -499,7 +501,7 @@ def probe_prompts(c, workdir, res):
     t = _trainer(c, workdir)
   except ValueError as e:  # InputError included
     return ["error", str(e)]
-  return [t.train_prompts, t.heldout_prompts]
+  return [t.task.train_prompts, t.task.heldout_prompts]
 
 
 def probe_score(c, workdir, res):
@@ -508,7 +510,7 @@ def probe_score(c, workdir, res):
   from rl.jobs.batch import score_trajectories
   t = _trainer(c, workdir)
   traj, entries = _fake_traj(t)
-  r = score_trajectories(traj, entries, t.grader, c)
+  r = score_trajectories(traj, entries, t.task.grader, c)
   return [r["scores"].tolist(), r["kl_coef"].tolist()]
 
 
@@ -567,7 +569,9 @@ def probe_update_loop(c, workdir, res):
       return state, {"skipped": 0.0}
     return update
 
-  t.policy_update, t.critic_update = record("policy"), record("critic")
+  t.policy.update = record("policy")
+  if t.critic is not None:
+    t.critic.update = record("critic")
   t._sampler_logp_gap = lambda batch: {}
   t.placement.put_batch = lambda b: b
   batch = {"tokens": np.zeros((4, 8), np.int32)}
@@ -624,10 +628,10 @@ def probe_curriculum(c, workdir, res):
   t = _trainer(c, workdir)
   draws = []
   for step in range(4):
-    idx = t.curriculum.draw(step, 0, 4)
-    entries = [t.curriculum.entries[i] for i in idx]
+    idx = t.task.curriculum.draw(step, 0, 4)
+    entries = [t.task.curriculum.entries[i] for i in idx]
     draws.append([prompt_of(e) for e in entries])
-    draws.append(t.curriculum.observe(step, entries, np.array([1.0, 1.0, 1.0, 0.0])))
+    draws.append(t.task.curriculum.observe(step, entries, np.array([1.0, 1.0, 1.0, 0.0])))
   return draws
 
 
@@ -638,7 +642,7 @@ def probe_stream(c, workdir, res):
   from rl.rollout import streaming
   from rl.rollout.sources import StreamingSource
   t = _trainer(c, workdir)
-  if not isinstance(t.source, StreamingSource):
+  if not isinstance(t.sources.train, StreamingSource):
     return None
   rounds = []
 
@@ -652,11 +656,11 @@ def probe_stream(c, workdir, res):
   real = streaming.engine.run_engine
   streaming.engine.run_engine = engine
   try:
-    s = t.source.stream
-    s.submit(t.train_prompts[:4])
-    s.collect(t.graphdef, None, policy_version=0, num_groups=1)
-    s.submit(t.train_prompts[4:6])
-    _, _, stats = s.collect(t.graphdef, None, policy_version=1, num_groups=2)
+    s = t.sources.train.stream
+    s.submit(t.task.train_prompts[:4])
+    s.collect(t.policy.graphdef, None, policy_version=0, num_groups=1)
+    s.submit(t.task.train_prompts[4:6])
+    _, _, stats = s.collect(t.policy.graphdef, None, policy_version=1, num_groups=2)
     return [rounds, stats["old_groups"], s._restart_stale(3)]
   finally:
     streaming.engine.run_engine = real
@@ -667,11 +671,11 @@ def probe_tools(c, workdir, res):
   runner."""
   from rl.tool_use.episodes import EpisodeSource
   t = _trainer(c, workdir)
-  if not isinstance(t.source, EpisodeSource):
-    return [t.train_prompts[:4]]
-  tools = t.source.episodes
+  if not isinstance(t.sources.train, EpisodeSource):
+    return [t.task.train_prompts[:4]]
+  tools = t.sources.train.episodes
   runner = tools.runner
-  out = [t.train_prompts[:4], str(tools.rollout.cfg), runner._pool._max_workers,
+  out = [t.task.train_prompts[:4], str(tools.rollout.cfg), runner._pool._max_workers,
          runner.timeout_s, runner.allow_weak_sandbox]
   runner.close()
   return out
@@ -687,13 +691,13 @@ def probe_mesh(c, workdir, res):
 def probe_init(c, workdir, res):
   """The Trainer's initial policy parameters."""
   t = _trainer(c, workdir)
-  return _digest(*jax.tree.leaves(t.state.params))
+  return _digest(*jax.tree.leaves(t.policy.state.params))
 
 
 def probe_critic_init(c, workdir, res):
   """The Trainer's initial critic parameters."""
   t = _trainer(c, workdir)
-  return _digest(*jax.tree.leaves(t.critic.params))
+  return _digest(*jax.tree.leaves(t.critic.state.params))
 
 
 def probe_job(c, workdir, res):

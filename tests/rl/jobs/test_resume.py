@@ -47,7 +47,7 @@ def read_metrics(workdir):
 
 
 def params_of(trainer):
-  return jax.tree.map(np.asarray, (trainer.state.params, trainer.rest))
+  return jax.tree.map(np.asarray, (trainer.policy.state.params, trainer.policy.rest))
 
 
 def signal_during_step(trainer, at_step, signum=signal.SIGTERM):
@@ -90,7 +90,7 @@ def test_sigterm_mid_step_saves_that_step_and_the_rerun_matches(straight_run, tm
   assert [r["step"] for r in read_metrics(workdir)] == [1, 2]
 
   resumed = Trainer(tiny_config(), workdir)
-  assert resumed.start_step == 2
+  assert resumed.leg.start_step == 2
   resumed.run()
   rows = read_metrics(workdir)
   assert [r["step"] for r in rows] == [1, 2, 3]
@@ -239,7 +239,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_rows_are_not_doubled(straight_
     os.truncate(path, 10)
   with caplog.at_level("WARNING"):
     resumed = Trainer(tiny_config(**{"train.checkpoint_every": 1}), workdir)
-  assert resumed.start_step == 2
+  assert resumed.leg.start_step == 2
   assert "checkpoint step 3" in caplog.text and "cannot be restored" in caplog.text
   assert [r["step"] for r in read_metrics(workdir)] == [1, 2]
   resumed.run()

@@ -162,7 +162,7 @@ def test_three_steps_of_each_recipe(algorithm, demo_run, tmp_path):
   # then go through the batch, the reference log-probs and the update.
   c = small_config(algorithm, init_checkpoint=sft_ckpt, job="rl")
   trainer = Trainer(c, str(tmp_path))
-  before = jax.tree.map(np.asarray, trainer.state.params)
+  before = jax.tree.map(np.asarray, trainer.policy.state.params)
   trainer.run()
   rows = read_metrics(str(tmp_path))
   assert len(rows) == 3
@@ -176,7 +176,7 @@ def test_three_steps_of_each_recipe(algorithm, demo_run, tmp_path):
       assert {"pg_loss", "entropy", "grad_norm", "clipfrac_high", "clipfrac_low",
               "approx_kl"} <= set(r)
   changed = jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)), before,
-                         trainer.state.params)
+                         trainer.policy.state.params)
   assert any(jax.tree.leaves(changed))
   if algorithm == "vapo":
     assert "pg_loss" not in rows[0] and "pg_loss" in rows[1]  # value pretraining first
@@ -195,13 +195,13 @@ def test_critic_starts_from_the_policys_checkpoint(critic_init, demo_run, tmp_pa
   sft_ckpt = os.path.join(demo_run[0], "sft", "checkpoints")
   trainer = Trainer(small_config("vapo", init_checkpoint=sft_ckpt, job="rl",
                                  **{"rl.critic_init": critic_init}), str(tmp_path))
-  policy = dict(jax.tree_util.tree_flatten_with_path(trainer.state.params)[0])
-  critic = jax.tree_util.tree_flatten_with_path(trainer.critic.params)[0]
+  policy = dict(jax.tree_util.tree_flatten_with_path(trainer.policy.state.params)[0])
+  critic = jax.tree_util.tree_flatten_with_path(trainer.critic.state.params)[0]
   same = {jax.tree_util.keystr(k): np.array_equal(np.asarray(v), np.asarray(policy[k]))
           for k, v in critic if k in policy and v.shape == policy[k].shape}
   assert "['head']['kernel'].value" not in same and len(same) == len(critic) - 1
-  biases = [np.array_equal(a, b) for a, b in zip(jax.tree.leaves(trainer.critic_rest),
-                                                  jax.tree.leaves(trainer.rest))]
+  biases = [np.array_equal(a, b) for a, b in zip(jax.tree.leaves(trainer.critic.rest),
+                                                  jax.tree.leaves(trainer.policy.rest))]
   if critic_init == "policy":
     assert all(same.values()) and all(biases)
     assert all(v.unsafe_buffer_pointer() != policy[k].unsafe_buffer_pointer()
@@ -219,12 +219,12 @@ def test_router_biases_move_between_steps_not_within_one(demo_run, tmp_path):
   trainer = Trainer(small_config(init_checkpoint=sft_ckpt, job="rl",
                                  **{"model.router_bias_rate": 0.5}), str(tmp_path))
   assert not trainer.config.rl.keep_routing
-  biases = [np.asarray(jax.tree.leaves(trainer.rest)[0])]
+  biases = [np.asarray(jax.tree.leaves(trainer.policy.rest)[0])]
   for step in range(3):
     traj, rewards, _ = trainer.collect(step)
     metrics = trainer.update(step, trainer.build_batch(traj, rewards,
                                                        trainer.advantages(traj, rewards)))
-    biases.append(np.asarray(jax.tree.leaves(trainer.rest)[0]))
+    biases.append(np.asarray(jax.tree.leaves(trainer.policy.rest)[0]))
     assert abs(metrics["approx_kl"]) < 1e-5 and metrics["clipfrac_low"] == 0.0, metrics
     assert metrics["moe/load_max_over_mean/0"] >= 1.0
     assert not np.array_equal(biases[-1], biases[-2])  # moved by +-0.5 per expert
@@ -315,18 +315,18 @@ def test_killed_run_resumes_to_the_same_result(demo_run, tmp_path):
   first.run()
   resumed = Trainer(small_config(init_checkpoint=sft_ckpt, job="rl", **curriculum),
                     str(tmp_path / "b"))
-  assert resumed.start_step == 2
+  assert resumed.leg.start_step == 2
   # The MoE router biases (moved by the aux-loss-free step after each RL step) come back too.
-  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, resumed.rest),
-               jax.tree.map(np.asarray, first.rest))
-  assert np.abs(np.asarray(jax.tree.leaves(resumed.rest)[0])).max() > 0
-  assert resumed.curriculum.state_dict() == first.curriculum.state_dict()
-  assert resumed.train_entries == first.train_entries
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, resumed.policy.rest),
+               jax.tree.map(np.asarray, first.policy.rest))
+  assert np.abs(np.asarray(jax.tree.leaves(resumed.policy.rest)[0])).max() > 0
+  assert resumed.task.curriculum.state_dict() == first.task.curriculum.state_dict()
+  assert resumed.task.train_entries == first.task.train_entries
   resumed.run()
   assert read_metrics(str(tmp_path / "a"))[0]["curriculum/level"] == 1.0
   jax.tree.map(np.testing.assert_array_equal,
-               jax.tree.map(np.asarray, (straight.state.params, straight.rest)),
-               jax.tree.map(np.asarray, (resumed.state.params, resumed.rest)))
+               jax.tree.map(np.asarray, (straight.policy.state.params, straight.policy.rest)),
+               jax.tree.map(np.asarray, (resumed.policy.state.params, resumed.policy.rest)))
   a, b = read_metrics(str(tmp_path / "a")), read_metrics(str(tmp_path / "b"))
   assert a[-1]["reward"] == b[-1]["reward"] and a[-1]["loss"] == b[-1]["loss"]
 
@@ -399,7 +399,7 @@ def one_device_run(demo_run, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("one_device"))
   trainer = Trainer(mesh_config(sft_ckpt), workdir)
   trainer.run()
-  return sft_ckpt, jax.tree.map(np.asarray, trainer.state.params), read_metrics(workdir)
+  return sft_ckpt, jax.tree.map(np.asarray, trainer.policy.state.params), read_metrics(workdir)
 
 
 def _assert_params_close(got, want, rel=1e-5):
@@ -425,14 +425,14 @@ def test_trainer_on_a_mesh_matches_one_device(one_device_run, name, tmp_path,
   for g, w in zip(got, want_metrics, strict=True):
     assert g["reward"] == w["reward"] and g["kept_acc"] == w["kept_acc"], (g, w)
     assert g["loss"] == pytest.approx(w["loss"], rel=1e-5, abs=1e-7)
-  _assert_params_close(trainer.state.params, want_params)
+  _assert_params_close(trainer.policy.state.params, want_params)
   # It really ran sharded: parameters split over the mesh, none of the big ones replicated,
   # the optimiser moments laid out like their parameters.
-  params = trainer.state.params
+  params = trainer.policy.state.params
   assert sum(not x.sharding.is_fully_replicated for x in jax.tree.leaves(params)) > 5
   sharding_lib.check_not_replicated(params, trainer.placement.param_shardings(params),
                                     min_bytes=64 << 10)
-  mu = trainer.state.opt_state[1][0].mu  # clip_by_global_norm, then adamw's scale_by_adam
+  mu = trainer.policy.state.opt_state[1][0].mu  # clip_by_global_norm, then adamw's scale_by_adam
   assert [x.sharding for x in jax.tree.leaves(mu)] == [
       x.sharding for x in jax.tree.leaves(params)]
   assert expert_parallel and any(expert_parallel) == (TRAINER_MESHES[name].get("expert", 1) > 1)
@@ -450,14 +450,14 @@ def test_offloaded_optimizer_state_resumes_on_another_mesh(one_device_run, tmp_p
                                                                      "optim.offload_state": True}),
                   str(tmp_path))
   first.run()
-  assert {x.sharding.memory_kind for x in jax.tree.leaves(first.state.opt_state)} == {
+  assert {x.sharding.memory_kind for x in jax.tree.leaves(first.policy.state.opt_state)} == {
       remat.HOST_MEMORY}
   assert read_metrics(str(tmp_path))[0]["loss"] == pytest.approx(want_metrics[0]["loss"],
                                                                  rel=1e-5, abs=1e-7)
   resumed = Trainer(mesh_config(sft_ckpt), str(tmp_path))
-  assert resumed.start_step == 1 and resumed.placement.size == 1
+  assert resumed.leg.start_step == 1 and resumed.placement.size == 1
   resumed.run()
-  _assert_params_close(resumed.state.params, want_params)
+  _assert_params_close(resumed.policy.state.params, want_params)
   assert read_metrics(str(tmp_path))[-1]["reward"] == want_metrics[-1]["reward"]
 
 
@@ -580,7 +580,7 @@ def test_accuracy_is_named_by_the_domains_of_the_data(tmp_path):
   trainer = Trainer(c, str(tmp_path / "run"))
 
   def rollout(step, batch_index, entries_idx):
-    picks = [(i, "task" not in trainer.train_entries[i], g)
+    picks = [(i, "task" not in trainer.task.train_entries[i], g)
              for g, i in enumerate(entries_idx) for _ in range(2)]
     return Rollout(*scripted_trajectories(trainer, picks), {})
   trainer._rollout = rollout
