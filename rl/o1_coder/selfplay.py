@@ -341,6 +341,84 @@ def refuse_unread(c: ml_collections.ConfigDict) -> None:
                      f"{', '.join(unread)}: set them to self-play's values or use the RL trainer")
 
 
+def tcg_tests(c: ml_collections.ConfigDict, tokenizer, train_tasks: Sequence[CodingTask],
+              heldout_tasks: Sequence[CodingTask]):
+  """(test-case generator, its metrics, the tests of every task): the TCG trained (SFT, DPO)
+  writes the training tasks' tests (a task without a valid generated case falls back to its
+  own); held-out tasks are graded on their own cases."""
+  o = c.o1
+  generator, metrics = tcg.train_tcg(
+      _model(c, head="lm", seed=c.seed + 10), tokenizer, train_tasks, heldout_tasks,
+      cases=o.tcg_cases, sft_steps=o.tcg_sft_steps, dpo_steps=o.tcg_dpo_steps,
+      dpo_lr=o.tcg_dpo_lr, batch_size=o.batch_size, seed=c.seed)
+  train_tests, fallback = tests_from_tcg(
+      train_tasks, tcg.generate_cases(generator, tokenizer, train_tasks, seed=c.seed),
+      fallback=o.tests_per_task, seed=c.seed)
+  metrics["train_tasks_without_valid_cases"] = fallback
+  tests = dict(train_tests)
+  tests.update({task: task.test_cases(o.tests_per_task, c.seed) for task in heldout_tasks})
+  return generator, metrics, tests
+
+
+def search(c: ml_collections.ConfigDict, policy: SelfPlayPolicy, tokenizer, iteration: int,
+           tasks: Sequence[CodingTask], grader: Grader) -> list:
+  """One iteration's MCTS trees of `tasks`, expanded by the current policy's samples."""
+  o = c.o1
+  sampler = reasoning.PolicySampler(policy.model(), tokenizer, max_prompt_len=o.search_prompt_len,
+                                    max_new_tokens=c.rollout.max_new_tokens,
+                                    seed=c.seed + iteration)
+  search_config = mcts.SearchConfig(simulations=o.simulations, exploration=o.exploration,
+                                    seed=c.seed + 100 * iteration)
+  return reasoning.synthesise(tasks, sampler, search_config, cases=grader.tests,
+                              branching=o.branching, compile_weight=o.compile_weight,
+                              max_refines=o.max_refines)
+
+
+def fit_prm(c: ml_collections.ConfigDict, tokenizer, iteration: int,
+            process_rows: Sequence[reasoning.TaskProcessRecord]):
+  """(PRM, its metrics): a fresh process reward model fit on the process rows of every search
+  so far, whole trees held out (config.o1.prm_heldout_fraction)."""
+  o = c.o1
+  train, heldout = prm_lib.split_by_tree(process_rows, o.prm_heldout_fraction,
+                                         c.seed + iteration)
+  return prm_lib.train_prm(_model(c, head="scalar", seed=c.seed + 20 + iteration), tokenizer,
+                           train, heldout, mode=o.prm_mode, steps=o.prm_steps,
+                           batch_size=o.batch_size, seed=c.seed + iteration)
+
+
+def rl_steps(c: ml_collections.ConfigDict, policy: SelfPlayPolicy, iteration: int,
+             train_tasks: Sequence[CodingTask], grader: Grader, prm,
+             rng: np.random.Generator) -> list[dict]:
+  """One iteration's config.train.steps RL steps of `policy` on random training tasks, rewarded
+  by the outcome and the iteration's PRM; each step's metrics."""
+  o, history = c.o1, []
+  for step in range(c.train.steps):
+    tasks_now = [train_tasks[i] for i in rng.choice(len(train_tasks),
+                                                    c.train.prompts_per_step, replace=False)]
+    alpha = alpha_schedule(step, c.train.steps, start=o.alpha_start, end=o.alpha_end)
+    history.append(policy.rl_step(tasks_now, grader, prm, alpha=alpha, gamma=o.process_gamma,
+                                  rng=jax.random.key(c.seed * 7919 + 1000 * iteration + step)))
+    if (step + 1) % c.train.log_every == 0:
+      logging.info("iteration %d rl step %d/%d: %s", iteration, step + 1, c.train.steps,
+                   {k: round(v, 3) for k, v in history[-1].items()})
+  return history
+
+
+def summary(results: dict, iterations: int) -> dict:
+  """The headline numbers of a run's `results`: TCG pass rate, the last PRM's held-out pair
+  accuracy, pass rates before and after self-play, wall time."""
+  last = iterations - 1
+  rate_keys = ("heldout_greedy", "train_sampled")
+  return {
+      "tcg_pass_rate": results["tcg"]["dpo/tcg_pass_rate"],
+      "prm_heldout_pair_accuracy": results[f"iteration_{last}/search_and_prm"][
+          "heldout_pair_accuracy"] if iterations else None,
+      "pass_rate_before": {k: results["policy_before"][k] for k in rate_keys},
+      "pass_rate_after": {k: results[f"iteration_{last}/rl"][k] for k in rate_keys}
+                         if iterations else None,
+      "wall_s": results["wall_s"]}
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """The O1-Coder pipeline on generated tasks (module docstring); returns the results."""
   c = config
@@ -365,18 +443,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       json.dump(results, f, indent=1)
 
   # ------------------------------------------------------------------ Test-case generator
-  generator, tcg_metrics = tcg.train_tcg(
-      _model(c, head="lm", seed=c.seed + 10), tokenizer, train_tasks, heldout_tasks,
-      cases=o.tcg_cases, sft_steps=o.tcg_sft_steps, dpo_steps=o.tcg_dpo_steps,
-      dpo_lr=o.tcg_dpo_lr, batch_size=o.batch_size, seed=c.seed)
-  train_tests, fallback = tests_from_tcg(
-      train_tasks, tcg.generate_cases(generator, tokenizer, train_tasks, seed=c.seed),
-      fallback=o.tests_per_task, seed=c.seed)
-  tcg_metrics["train_tasks_without_valid_cases"] = fallback
+  generator, tcg_metrics, tests = tcg_tests(c, tokenizer, train_tasks, heldout_tasks)
   save_model(workdir, "tcg", generator)
   log_stage("tcg", tcg_metrics)
-  tests = dict(train_tests)
-  tests.update({task: task.test_cases(o.tests_per_task, c.seed) for task in heldout_tasks})
   grader = Grader(tests, o.compile_weight)
 
   # ------------------------------------------------------------------ Bootstrap policy
@@ -398,19 +467,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # ------------------------------------------------------------------ Self-play iterations
   process_rows: list[reasoning.TaskProcessRecord] = []
   rng = np.random.default_rng(c.seed)
-  search_config = mcts.SearchConfig(simulations=o.simulations, exploration=o.exploration,
-                                    seed=c.seed)
   for iteration in range(o.iterations):
     search_tasks = [train_tasks[i] for i in rng.choice(len(train_tasks), o.search_tasks,
                                                        replace=False)]
-    sampler = reasoning.PolicySampler(policy.model(), tokenizer,
-                                      max_prompt_len=o.search_prompt_len,
-                                      max_new_tokens=c.rollout.max_new_tokens,
-                                      seed=c.seed + iteration)
-    trees = reasoning.synthesise(
-        search_tasks, sampler, dataclasses.replace(search_config, seed=c.seed + 100 * iteration),
-        cases=grader.tests, branching=o.branching, compile_weight=o.compile_weight,
-        max_refines=o.max_refines)
+    trees = search(c, policy, tokenizer, iteration, search_tasks, grader)
     new_rows = reasoning.process_dataset(search_tasks, trees)
     offset = 1 + max([r.sibling_group[0] for r in process_rows], default=-1)
     process_rows += [dataclasses.replace(r, sibling_group=(r.sibling_group[0] + offset,
@@ -421,39 +481,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
       policy, warm = warm_start_on_dplus(policy, correct, c)
       save_model(workdir, "policy", policy.model(), step=0)
       log_stage("iteration_0/warm_start_on_dplus", {**warm, **pass_rates()})
-    prm_train, prm_heldout = prm_lib.split_by_tree(process_rows, o.prm_heldout_fraction,
-                                                   c.seed + iteration)
-    prm, prm_metrics = prm_lib.train_prm(
-        _model(c, head="scalar", seed=c.seed + 20 + iteration), tokenizer, prm_train,
-        prm_heldout, mode=o.prm_mode, steps=o.prm_steps, batch_size=o.batch_size,
-        seed=c.seed + iteration)
+    prm, prm_metrics = fit_prm(c, tokenizer, iteration, process_rows)
     rm = prm.reward_model
     save_model(workdir, "prm", (rm.graphdef, rm.params, rm.rest), step=iteration)
     log_stage(f"iteration_{iteration}/search_and_prm", {
         **prm_metrics, "process_steps": len(new_rows), "correct_paths": len(correct),
         "trees_with_correct_path": sum(bool(t.correct_paths()) for t in trees) / len(trees)})
-    history = []
-    for step in range(c.train.steps):
-      tasks_now = [train_tasks[i] for i in rng.choice(len(train_tasks),
-                                                      c.train.prompts_per_step, replace=False)]
-      alpha = alpha_schedule(step, c.train.steps, start=o.alpha_start, end=o.alpha_end)
-      history.append(policy.rl_step(tasks_now, grader, prm, alpha=alpha, gamma=o.process_gamma,
-                                    rng=jax.random.key(c.seed * 7919 + 1000 * iteration + step)))
-      if (step + 1) % c.train.log_every == 0:
-        logging.info("iteration %d rl step %d/%d: %s", iteration, step + 1, c.train.steps,
-                     {k: round(v, 3) for k, v in history[-1].items()})
+    history = rl_steps(c, policy, iteration, train_tasks, grader, prm, rng)
     save_model(workdir, "policy", policy.model(), step=iteration + 1)
     log_stage(f"iteration_{iteration}/rl", {
         "first_step": history[0], "last_step": history[-1], **pass_rates()})
   results["wall_s"] = time.perf_counter() - t_start
-  last = o.iterations - 1
-  rate_keys = ("heldout_greedy", "train_sampled")
-  log_stage("summary", {
-      "tcg_pass_rate": results["tcg"]["dpo/tcg_pass_rate"],
-      "prm_heldout_pair_accuracy": results[f"iteration_{last}/search_and_prm"][
-          "heldout_pair_accuracy"] if o.iterations else None,
-      "pass_rate_before": {k: results["policy_before"][k] for k in rate_keys},
-      "pass_rate_after": {k: results[f"iteration_{last}/rl"][k] for k in rate_keys}
-                         if o.iterations else None,
-      "wall_s": results["wall_s"]})
+  log_stage("summary", summary(results, o.iterations))
   return results
