@@ -22,10 +22,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 import kernels
-from models import cache as cache_lib
 from models.config import ModelConfig
 from models.dsa import INDEXER_STAGES, Indexer, indexer_loss
-from models.layers import Dense, RMSNorm, apply_rope, matmul_out_in, param, stored
+from models import ops
+from models.layers import Dense, RMSNorm, apply_rope, param, stored
 
 
 class OutProj(nnx.Module):
@@ -35,7 +35,7 @@ class OutProj(nnx.Module):
     self.compute_dtype = jnp.dtype(cfg.dtype)
     self.kernel = param(rngs, (n_heads, head_dim, cfg.d_model), ("heads", "kv", "embed"),
                         std=cfg.init_std, dtype=cfg.param_dtype)
-    self.out_major = False  # kernel stored [d_model, heads, head_dim]: `kernels_out_in`
+    self.out_major = False  # True: stored [d_model, heads, head_dim] (`ops.sampler_layout`)
 
   def store_out_major(self) -> None:
     w = self.kernel[...]  # [*layers, heads, head_dim, d_model]: a stack of layers leads
@@ -45,48 +45,8 @@ class OutProj(nnx.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     x, w = x.astype(self.compute_dtype), self.kernel[...].astype(self.compute_dtype)
     if self.out_major:  # as one [.., H * Dv] x [d_model, H * Dv] product (a decode step on CPU)
-      return matmul_out_in(x.reshape(*x.shape[:-2], -1), w.reshape(w.shape[0], -1))
+      return ops.matmul_out_in(x.reshape(*x.shape[:-2], -1), w.reshape(w.shape[0], -1))
     return jnp.einsum("bthv,hvd->btd", x, w)
-
-
-def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
-  """Softmax in fp32 over the last axis; fully masked rows give zeros, not NaNs."""
-  logits = jnp.where(mask, logits.astype(jnp.float32), -jnp.inf)
-  peak = jnp.max(logits, axis=-1, keepdims=True)
-  peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
-  weights = jnp.where(mask, jnp.exp(logits - peak), 0.0)
-  return weights / jnp.maximum(jnp.sum(weights, axis=-1, keepdims=True), 1e-30)
-
-
-def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                      scale: float) -> jax.Array:
-  """q [B,T,H,D], head-major k [B,KVH,S,D] and v [B,KVH,S,Dv] (the KV cache's layout), mask
-  [B,T,S] -> [B,T,H,Dv]."""
-  batch, steps, heads, dim = q.shape
-  kv_heads = k.shape[1]
-  if steps == 1 and kernels.platform() == "cpu":
-    # One query row per head (decode) on CPU: a fused multiply-and-reduce. As a dot, XLA:CPU
-    # runs one tiny GEMM per (row, kv head) and first converts a bf16 cache to fp32 in a
-    # separate pass: 24 layers of Qwen2.5-0.5B-shaped attention at 128 rows took 215 ms (bf16)
-    # / 146 ms (fp32) that way and 56 / 65 ms this way (docs/performance.md).
-    qg = q.reshape(batch, kv_heads, heads // kv_heads, 1, dim).astype(jnp.float32)
-    logits = jnp.sum(qg * k[:, :, None].astype(jnp.float32), axis=-1) * scale  # [B,KVH,G,S]
-    probs = masked_softmax(logits, mask[:, :, None])  # mask [B,1,S]: broadcast over heads
-    probs = probs.astype(v.dtype).astype(jnp.float32)  # rounded as the dot path rounds them
-    out = jnp.sum(probs[..., None] * v[:, :, None].astype(jnp.float32), axis=-2)
-    return out.reshape(batch, 1, heads, v.shape[-1]).astype(v.dtype)
-  # Each KV head's query rows (its group's heads x steps) as one operand: one GEMM per (row, KV
-  # head) instead of one per query head (XLA:CPU, Qwen2.5-0.5B shape, 128 x 64-token prompts,
-  # bf16: 71 -> 45 ms per layer).
-  group = heads // kv_heads
-  q = q.reshape(batch, steps, kv_heads, group, dim).transpose(0, 2, 3, 1, 4)
-  q = q.reshape(batch, kv_heads, group * steps, dim)
-  logits = jnp.einsum("bkqd,bksd->bkqs", q, k, preferred_element_type=jnp.float32) * scale
-  logits = logits.reshape(batch, kv_heads, group, steps, -1)
-  probs = masked_softmax(logits, mask[:, None, None]).astype(v.dtype)
-  out = jnp.einsum("bkqs,bksv->bkqv", probs.reshape(batch, kv_heads, group * steps, -1), v)
-  out = out.reshape(batch, kv_heads, group, steps, -1).transpose(0, 3, 1, 2, 4)
-  return out.reshape(batch, steps, heads, v.shape[-1])
 
 
 class GQAttention(nnx.Module):
@@ -117,12 +77,12 @@ class GQAttention(nnx.Module):
     k = apply_rope(k, positions, self.cfg)
     new_cache = None
     if layer_cache is not None:
-      new_cache = {"k": cache_lib.write(layer_cache["k"], k, start),
-                   "v": cache_lib.write(layer_cache["v"], v, start)}
+      new_cache = {"k": ops.write_slots(layer_cache["k"], k, start),
+                   "v": ops.write_slots(layer_cache["v"], v, start)}
       k, v = new_cache["k"].astype(q.dtype), new_cache["v"].astype(q.dtype)
     else:
       k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
-    out = grouped_attention(q, k, v, mask, self.cfg.softmax_scale)
+    out = ops.grouped_attention(q, k, v, mask, self.cfg.softmax_scale)
     return self.o_proj(out), new_cache, {}
 
 
@@ -146,7 +106,7 @@ class MLAttention(nnx.Module):
                        ("embed", "kv_lora"), cfg, rngs=rngs)
     self.kv_norm = RMSNorm(cfg.kv_lora_rank, cfg, rngs=rngs)
     self.wkv_b = Dense(cfg.kv_lora_rank, (h, cfg.qk_nope_head_dim + cfg.v_head_dim),
-                       ("kv_lora", "heads", "kv"), cfg, rngs=rngs)
+                       ("kv_lora", "heads", "kv"), cfg, rngs=rngs, decode_product=False)
     self.wo = OutProj(h, cfg.v_head_dim, cfg, rngs=rngs)
     self.indexer = Indexer(cfg, rngs=rngs) if cfg.dsa else None
 
@@ -178,7 +138,7 @@ class MLAttention(nnx.Module):
       k_nope, v = kv[..., :nope], kv[..., nope:]
       k = jnp.concatenate([k_nope, jnp.broadcast_to(k_pe[:, :, None, :], k_nope.shape[:3] + (rope,))],
                           axis=-1)
-      out = grouped_attention(jnp.concatenate([q_nope, q_pe], axis=-1), k.swapaxes(1, 2),
+      out = ops.grouped_attention(jnp.concatenate([q_nope, q_pe], axis=-1), k.swapaxes(1, 2),
                               v.swapaxes(1, 2), mask, cfg.softmax_scale)
       return self.wo(out), None, {}
 
@@ -186,11 +146,11 @@ class MLAttention(nnx.Module):
     new_cache = None
     if layer_cache is not None:
       new_cache = dict(layer_cache)
-      new_cache["latent"] = cache_lib.write(layer_cache["latent"], latent_new, start)
+      new_cache["latent"] = ops.write_slots(layer_cache["latent"], latent_new, start)
       latent = new_cache["latent"].astype(latent_new.dtype)
     else:
       latent = latent_new
-    w_kv_b = self.wkv_b.in_major().astype(q.dtype)  # [kv_lora, H, nope + v]
+    w_kv_b = self.wkv_b.kernel[...].astype(q.dtype)  # [kv_lora, H, nope + v]
     w_uk, w_uv = w_kv_b[..., :nope], w_kv_b[..., nope:]
     q_absorbed = jnp.einsum("bthn,chn->bthc", q_nope, w_uk)
     q_full = jnp.concatenate([q_absorbed, q_pe], axis=-1)  # [B, T, H, kv_lora + rope]
@@ -230,7 +190,7 @@ class MLAttention(nnx.Module):
   def _dense_latent_attention(self, q_full, latent, mask):
     logits = jnp.einsum("bthc,bsc->bhts", q_full, latent,
                         preferred_element_type=jnp.float32) * self.cfg.softmax_scale
-    probs = masked_softmax(logits, mask[:, None])
+    probs = ops.masked_softmax(logits, mask[:, None])
     return jnp.einsum("bhts,bsc->bthc", probs.astype(latent.dtype),
                       latent[..., :self.cfg.kv_lora_rank])
 

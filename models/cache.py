@@ -11,7 +11,8 @@ Per layer: GQA keeps "k" and "v" head-major [B, KVH, S, Dh] (attention reads eac
 as one contiguous [S, Dh] block; token-major storage made XLA:CPU copy the whole cache into that
 layout every decode step); MLA keeps the normalised kv latent and the
 roped shared key concatenated, "latent" [B, S, kv_lora + rope] (576-d at DeepSeek scale); DSA
-adds the indexer keys "index_k" [B, S, DI].
+adds the indexer keys "index_k" [B, S, DI]. The attention layers write new rows with
+`models.ops.write_slots`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-import kernels
 from models.config import ModelConfig
 
 Cache = dict[str, Any]
@@ -64,22 +64,3 @@ def cache_bytes(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = 
   per_layer = sum(int(jnp.prod(jnp.array(s))) for s in
                   layer_cache_shapes(cfg, batch, max_len).values())
   return per_layer * cfg.n_layers * itemsize
-
-
-def write(buffer: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-  """Writes new [B, T, ..., C] into buffer [B, ..., S, C] at slots start[b] + t (past S:
-  dropped). `new` is token-major (as projections give it); the buffer's slot axis is -2."""
-  batch, steps = new.shape[:2]
-  new = new.astype(buffer.dtype)
-  if steps == 1 and buffer.dtype.itemsize == 2 and kernels.platform() == "cpu":
-    # A decode step on CPU selects instead: XLA:CPU scatters into bf16 / fp16 by converting
-    # the whole buffer to fp32 and back (a bf16 Qwen2.5-0.5B-shaped step at 128 rows: ~470 ms
-    # with the scatter, ~390 ms with this select). Slots past S match nothing: dropped.
-    hit = jnp.arange(buffer.shape[-2])[None, :] == start[:, None]  # [B, S]
-    hit = hit.reshape(batch, *([1] * (buffer.ndim - 3)), buffer.shape[-2], 1)
-    return jnp.where(hit, jnp.moveaxis(new, 1, -2), buffer)
-  slots = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None, :]
-  rows = jnp.broadcast_to(jnp.arange(batch)[:, None], slots.shape)
-  # Advanced indices split by slices put their [B, T] dims first: the indexed view is [B, T, ..., C].
-  index = (rows,) + (slice(None),) * (buffer.ndim - 3) + (slots,)
-  return buffer.at[index].set(new, mode="drop")

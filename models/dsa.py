@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import kernels
-from models import cache as cache_lib
+from models import ops
 from models.config import ModelConfig
 from models.layers import Dense, LayerNorm, apply_rope
 
@@ -58,7 +58,7 @@ class Indexer(nnx.Module):
     """
     q, k, w = self.scores_inputs(x, q_latent, positions)
     if index_k_cache is not None:
-      index_k_cache = cache_lib.write(index_k_cache, k, start)
+      index_k_cache = ops.write_slots(index_k_cache, k, start)
       keys, offset = index_k_cache.astype(k.dtype), start
     else:
       keys, offset = k, 0

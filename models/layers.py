@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-import kernels
+from models import ops
 from models.config import ModelConfig, yarn_get_mscale
 
 
@@ -35,56 +35,22 @@ def param(rngs: nnx.Rngs, shape: Sequence[int], axes: Sequence[str | None], *,
   return nnx.Param(value, logical_axes=tuple(axes))
 
 
-# Rows (tokens) at or below which a product on CPU runs blocked over its output (decoding).
-DECODE_ROWS = 64
-_OUT_BLOCKS = (128, 64)
-
-
-def matmul_out_in(x: jax.Array, w: jax.Array, dtype=None) -> jax.Array:
-  """x [..., in] times w [out, in] (the weight stored output-major) -> [..., out], in `dtype`
-  (default x's dtype; the LM head asks for fp32 logits, accumulated and not rounded to bf16).
-
-  On TPU and GPU this is one einsum. On CPU, where XLA's GEMM choices decide decode speed
-  (measured on a Qwen2.5-0.5B-shaped layer stack, docs/performance.md):
-  - with at most DECODE_ROWS rows (a decode step) the product runs as out/128 blocks of
-    [128, in]. XLA:CPU's GEMM packs its whole right-hand operand on every call, which at 8-32
-    rows costs about as much as the product (fp32, 8 rows: 139 ms per step plain, 85 ms
-    blocked); a [128, in] block is packed from cache;
-  - bf16 / fp16 products accumulate in fp32 (preferred_element_type) and round once: a bf16
-    output sends XLA:CPU to a path 5-10x slower (8 rows: 545 ms plain bf16, 37 ms this way),
-    and a single row is padded to two, which its bf16 single-row path is equally slow at.
-  """
-  if kernels.platform() != "cpu":
-    return jnp.einsum("...i,oi->...o", x, w, preferred_element_type=dtype)
-  lead, (out, width) = x.shape[:-1], w.shape
-  rows = math.prod(lead)
-  x2 = x.reshape(rows, width)
-  options = {}
-  if x.dtype.itemsize < 4:
-    options["preferred_element_type"] = jnp.float32
-    if rows == 1:
-      x2 = jnp.pad(x2, ((0, 1), (0, 0)))
-  block = next((b for b in _OUT_BLOCKS if out % b == 0 and out > b), 0)
-  if block and rows <= DECODE_ROWS:
-    y = jnp.einsum("mi,boi->bmo", x2, w.reshape(out // block, block, width), **options)
-    y = jnp.moveaxis(y, 0, 1).reshape(x2.shape[0], out)
-  else:
-    y = jnp.einsum("mi,oi->mo", x2, w, **options)
-  if x2.shape[0] != rows:  # the barrier keeps XLA from slicing the padding off the operand
-    y = jax.lax.optimization_barrier(y)[:rows]
-  return y.astype(dtype or x.dtype).reshape(*lead, out)
-
-
 class Dense(nnx.Module):
   """y = x @ W (+ b) over the last axis; W is [in, *out] so heads can be their own axis, or
-  [*out, in] after `kernels_out_in` (the CPU rollout engine's layout)."""
+  [*out, in] in the CPU rollout engine's layout (`models.ops.sampler_layout`).
+
+  `decode_product=False` marks a kernel decode reads as a weight rather than multiplies by
+  (MLA's absorbed W_UK / W_UV): the sampler layout leaves it [in, *out]."""
 
   def __init__(self, in_dim: int, out_shape: int | Sequence[int], axes: Sequence[str | None],
-               cfg: ModelConfig, *, rngs: nnx.Rngs, bias: bool = False):
+               cfg: ModelConfig, *, rngs: nnx.Rngs, bias: bool = False,
+               decode_product: bool = True):
     out_shape = (out_shape,) if isinstance(out_shape, int) else tuple(out_shape)
     self.out_shape = out_shape
     self.compute_dtype = jnp.dtype(cfg.dtype)
-    self.out_major = False  # kernel stored [*out, in]: set by `kernels_out_in`
+    # Kernel stored [*out, in] (True, set by `store_out_major`), [in, *out] (False), or [in, *out]
+    # and kept so (None).
+    self.out_major = False if decode_product else None
     self.kernel = param(rngs, (in_dim, *out_shape), axes, std=cfg.init_std,
                         dtype=cfg.param_dtype)
     self.bias = (param(rngs, out_shape, axes[1:], init="zeros", dtype=cfg.param_dtype)
@@ -95,37 +61,18 @@ class Dense(nnx.Module):
     self.kernel.value = stored(jnp.moveaxis(w, w.ndim - 1 - len(self.out_shape), -1))
     self.out_major = True
 
-  def in_major(self) -> jax.Array:
-    """The kernel as [in, *out], whichever way it is stored."""
-    w = self.kernel[...]
-    return jnp.moveaxis(w, -1, w.ndim - 1 - len(self.out_shape)) if self.out_major else w
-
   def __call__(self, x: jax.Array, dtype=None) -> jax.Array:
     """x [..., in] -> [..., *out] in `dtype` (default the compute dtype; fp32 for logits)."""
     w = self.kernel[...].astype(self.compute_dtype)
     x = x.astype(self.compute_dtype)
     if self.out_major:
-      y = matmul_out_in(x, w.reshape(-1, w.shape[-1]), dtype)
+      y = ops.matmul_out_in(x, w.reshape(-1, w.shape[-1]), dtype)
       y = y.reshape(*x.shape[:-1], *self.out_shape)
     else:
       y = jnp.tensordot(x, w, axes=((x.ndim - 1,), (0,)), preferred_element_type=dtype)
     if self.bias is not None:
       y = y + self.bias[...].astype(y.dtype)
     return y
-
-
-def kernels_out_in(model: nnx.Module) -> None:
-  """Stores every Dense and attention output projection kernel of `model` output-major
-  ([in, *out] -> [*out, in]), in place.
-
-  The rollout engine does this on CPU once per call, before its decode loop, so every decode
-  step takes `matmul_out_in`'s blocked product (XLA does not hoist a transpose out of the loop
-  itself). It holds a second copy of those weights for the call. Same products, summed in a
-  different order: results agree to rounding, not bit for bit.
-  """
-  for _, module in model.iter_modules():
-    if getattr(module, "out_major", None) is False:  # Dense, attention's OutProj
-      module.store_out_major()
 
 
 def stored(kernel: jax.Array) -> jax.Array:
@@ -180,7 +127,7 @@ class Embed(nnx.Module):
   def attend(self, x: jax.Array) -> jax.Array:
     """Tied LM head: fp32 logits = x @ E^T (the product accumulated in fp32, not rounded to
     x's dtype first)."""
-    return matmul_out_in(x, self.embedding[...].astype(x.dtype), jnp.float32)
+    return ops.matmul_out_in(x, self.embedding[...].astype(x.dtype), jnp.float32)
 
 
 class MLP(nnx.Module):
@@ -192,13 +139,7 @@ class MLP(nnx.Module):
     self.down = Dense(hidden, cfg.d_model, ("mlp", "embed"), cfg, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    if kernels.platform() == "cpu":
-      # silu(gate) * up straight from the products' fp32 accumulators, rounded once: XLA:CPU
-      # fuses it into one pass, where rounding gate and up to bf16 first costs two more
-      # (Qwen2.5-0.5B shape, bf16, 8192 prompt tokens: 318 -> 274 ms per layer).
-      hidden = jax.nn.silu(self.gate(x, jnp.float32)) * self.up(x, jnp.float32)
-      return self.down(hidden.astype(self.down.compute_dtype))
-    return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+    return self.down(ops.swiglu(x, self.gate, self.up))
 
 
 # Rotary position embeddings ----------------------------------------------------------------

@@ -10,7 +10,8 @@ Routers:
 
 Dispatch:
 - "ragged": dropless; assignments sorted by expert, grouped matmuls with jax.lax.ragged_dot,
-  weighted scatter-add back to tokens;
+  weighted scatter-add back to tokens (`models.ops.expert_ffn`: on CPU, the same FFN gathered or
+  batched over experts); with an expert mesh axis, exchanged across it (models/moe_ep.py);
 - "dense": every expert on every token, combined with one-hot gate weights (the reference).
 
 Routing replay (DeepSeek-V3.2 keep-routing): a caller may pass the expert ids to use; the gate
@@ -29,8 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-import kernels
-from models import moe_ep
+from models import moe_ep, ops
 from models.config import ModelConfig
 from models.layers import MLP, param
 
@@ -124,68 +124,6 @@ def aux_free_bias_update(bias: jax.Array, tokens_per_expert: jax.Array, rate: fl
   return bias + rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)
 
 
-def ragged_experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array, w_gate: jax.Array,
-                   w_up: jax.Array, w_down: jax.Array) -> jax.Array:
-  """Dropless grouped-matmul dispatch: x [N, D], ids/weights [N, k], w_* [E, D, F]/[E, F, D]."""
-  n, k = expert_ids.shape
-  n_experts = w_gate.shape[0]
-  flat_ids = expert_ids.reshape(-1)
-  order = jnp.argsort(flat_ids, stable=True)
-  token_of = order // k
-  group_sizes = jnp.bincount(flat_ids, length=n_experts).astype(jnp.int32)
-  xs = x[token_of]
-  hidden = (jax.nn.silu(jax.lax.ragged_dot(xs, w_gate, group_sizes))
-            * jax.lax.ragged_dot(xs, w_up, group_sizes))
-  out = jax.lax.ragged_dot(hidden, w_down, group_sizes)
-  out = out * weights.reshape(-1)[order][:, None].astype(out.dtype)
-  return jnp.zeros((n, x.shape[-1]), out.dtype).at[token_of].add(out)
-
-
-# On CPU, XLA's ragged_dot has no grouped GEMM (a 756M-parameter Qwen3-MoE shape, top-8 of 64
-# experts, fp32, one layer: 82 / 113 / 324 / 1946 ms for 1 / 8 / 64 / 512 tokens, against
-# 6 / 21 / 63 / 349 ms for `cpu_experts`' choices); `MoE` takes these instead there.
-_CPU_CHUNK = 64  # tokens per batched-over-experts product (bounds the [E, tokens, D] operand)
-
-
-def cpu_experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array, w_gate: jax.Array,
-                w_up: jax.Array, w_down: jax.Array) -> jax.Array:
-  """The dropless dispatch on CPU: a single token's k experts gathered when they are at most an
-  eighth of the experts (decoding one row), else every expert on up to 64 tokens at a time."""
-  n, k = expert_ids.shape
-  if n * k * 8 <= w_gate.shape[0]:
-    return gathered_experts(x, expert_ids, weights, w_gate, w_up, w_down)
-  if n <= _CPU_CHUNK:
-    return experts_by_expert(x, expert_ids, weights, w_gate, w_up, w_down)
-  pad = -n % _CPU_CHUNK
-
-  def chunks(a):
-    return jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1)).reshape(-1, _CPU_CHUNK, *a.shape[1:])
-  out = jax.lax.map(lambda c: experts_by_expert(*c, w_gate, w_up, w_down),
-                    (chunks(x), chunks(expert_ids), chunks(weights)))
-  return out.reshape(-1, x.shape[-1])[:n]
-
-
-def gathered_experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array,
-                     w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
-  """Each token times its own k experts' weights, gathered ([N, k, D, F] per projection)."""
-  hidden = (jax.nn.silu(jnp.einsum("nd,nkdf->nkf", x, w_gate[expert_ids]))
-            * jnp.einsum("nd,nkdf->nkf", x, w_up[expert_ids]))
-  out = jnp.einsum("nkf,nkfd->nkd", hidden, w_down[expert_ids])
-  return jnp.einsum("nkd,nk->nd", out, weights.astype(out.dtype))
-
-
-def experts_by_expert(x: jax.Array, expert_ids: jax.Array, weights: jax.Array,
-                      w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
-  """Every expert on every token, one product per projection batched over the experts (each
-  expert's [D, F] weight read in place), combined with one-hot gate weights."""
-  combine = _combine_weights(expert_ids, weights, w_gate.shape[0])
-  xe = jnp.broadcast_to(x, (w_gate.shape[0], *x.shape))
-  hidden = (jax.nn.silu(jnp.einsum("end,edf->enf", xe, w_gate))
-            * jnp.einsum("end,edf->enf", xe, w_up))
-  out = jnp.einsum("enf,efd->end", hidden, w_down)
-  return jnp.einsum("end,ne->nd", out, combine.astype(out.dtype))
-
-
 def _combine_weights(expert_ids: jax.Array, weights: jax.Array, n_experts: int) -> jax.Array:
   """Each token's gate weight per expert, [N, E] (0 for experts it did not choose)."""
   return jnp.sum(jax.nn.one_hot(expert_ids, n_experts, dtype=weights.dtype)
@@ -242,10 +180,8 @@ class MoE(nnx.Module):
       if mesh is not None and cfg.moe_capacity_factor:
         stats = stats._replace(dropped=moe_ep.dropped_assignments(
             ids, cfg.n_experts, mesh, cfg.moe_capacity_factor, mask))
-      experts = moe_ep.dispatch_for_mesh(ragged_experts, mesh,
+      experts = moe_ep.dispatch_for_mesh(ops.expert_ffn, mesh,
                                          capacity_factor=cfg.moe_capacity_factor)
-      if experts is ragged_experts and kernels.platform() == "cpu":
-        experts = cpu_experts
     else:
       experts = dense_experts
     y = experts(flat.astype(dt), ids, weights.astype(dt), self.w_gate[...].astype(dt),

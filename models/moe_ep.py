@@ -2,7 +2,7 @@
 all-to-all, grouped matmuls (ragged_dot) on each device's own experts.
 
 `expert_parallel_experts(x, expert_ids, weights, w_gate, w_up, w_down, mesh=...)` has the
-signature of `models.moe.ragged_experts` plus the mesh, and the same result (dropless). Inside
+signature of `models.ops.ragged_experts` plus the mesh, and the same result (dropless). Inside
 `jax.shard_map`, on each device:
 
   1. its tokens' k assignments are sorted by expert id; since device p owns the contiguous
@@ -49,18 +49,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
-import kernels
+from models import ops
 
 EXPERT_AXIS = "expert"
 TENSOR_AXIS = "tensor"
 IMPLS = ("auto", "ragged", "padded")
-
-
-def default_impl() -> str:
-  """"ragged" where the target platform has ragged_all_to_all (GPU, TPU), else "padded". The
-  target platform (`kernels.platform()`), not the host's backend: a TPU program compiled ahead
-  of time on a CPU host takes the path the TPU runs."""
-  return "ragged" if kernels.platform() in ("gpu", "tpu", "cuda", "rocm") else "padded"
 
 
 def pair_capacity(rows_per_shard: int, n_shards: int, capacity_factor: float) -> int:
@@ -124,7 +117,7 @@ def ambient_mesh(mesh=None):
 
 
 def dispatch_for_mesh(local_fn: Callable, mesh=None, capacity_factor: float = 0.0) -> Callable:
-  """`local_fn` (e.g. models.moe.ragged_experts), or the expert-parallel version of it (with
+  """`local_fn` (e.g. models.ops.ragged_experts), or the expert-parallel version of it (with
   that capacity factor; 0: dropless) when `mesh` (default: the ambient mesh of `jax.set_mesh`)
   has an expert axis > 1."""
   mesh = ambient_mesh(mesh)
@@ -142,7 +135,7 @@ def expert_parallel_experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Ar
   capacity_factor 0, else bounded as the module docstring says."""
   if impl not in IMPLS:
     raise ValueError(f"impl={impl!r}: must be one of {IMPLS}")
-  impl = default_impl() if impl == "auto" else impl
+  impl = ops.expert_exchange() if impl == "auto" else impl
   shape = dict(mesh.shape)
   n_shards = shape.get(EXPERT_AXIS, 1)
   n_experts = w_gate.shape[0]

@@ -108,9 +108,9 @@ class Transformer(nnx.Module):
 
   def unstack_layers(self) -> None:
     """Replaces each stack by its layers (an nnx.List of `layer(i)` copies), in place; forward
-    then runs them one by one. The CPU rollout engine does this once per call, before its
-    decode loop (with `models.layers.kernels_out_in`, in the same copy of the weights): a decode
-    step then reads each layer's weights where they lie instead of slicing them out of the
+    then runs them one by one. The CPU rollout engine's weight layout
+    (`models.ops.sampler_layout`) does this in its own copy of the weights: a decode step then
+    reads each layer's weights where they lie instead of slicing them out of the
     stack (d_model 512, 8 layers, 32 rows x 256 tokens on this 2-core CPU, one run each: 651
     tok/s sliced, 798 unstacked, 932 with the layers never stacked; runs vary by ~15%)."""
     for g, (first, count) in enumerate(self.cfg.layer_stacks):

@@ -44,9 +44,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-import kernels
 from models import cache as cache_lib
-from models import layers
+from models import ops
 from models import sharding as sharding_lib
 from models.padding import round_up
 from rl.rollout import fp8
@@ -175,10 +174,8 @@ def _engine_fn(graphdef, spec: _EngineSpec):
           n_real):
     _TRACES[(graphdef, spec, context_ids.shape)] += 1
     # An FP8 sampler state (rl/rollout/fp8.py) enters as codes + scales and is dequantised here.
-    model = nnx.merge(graphdef, fp8.dequantize_state(state))
-    if kernels.platform() == "cpu":  # the blocked decode products (models/layers.py)
-      model.unstack_layers()
-      layers.kernels_out_in(model)
+    # The weight pipeline: FP8 codes dequantised, then the decode layout of this platform.
+    model = nnx.merge(*ops.sampler_layout(graphdef, fp8.dequantize_state(state)))
     cfg = model.cfg
     n_seqs, prompt_width = context_ids.shape
     width = prompt_width + spec.new_tokens
@@ -333,12 +330,10 @@ def _engine_fn(graphdef, spec: _EngineSpec):
 
 
 def cache_widths(prompt_width: int, new_tokens: int) -> tuple[int, ...]:
-  """The KV cache widths one engine call decodes through. On CPU from 128 new tokens: prompt +
-  1/4, 2/4, 3/4 and all of the new tokens (bf16 Qwen2.5-0.5B shape, 128 rows x 128 tokens:
-  44.6 -> 41.3 s per call; each width compiles its own decode loop: ~4x the compile time, 9 ->
-  37 s there, first call minus a warm one). Elsewhere one width: the gain is unmeasured on
-  TPU / GPU and the compile cost is certain."""
-  phases = 4 if new_tokens >= 128 and kernels.platform() == "cpu" else 1
+  """The KV cache widths one engine call decodes through: prompt + j/phases of the new tokens,
+  j = 1..phases (`models.ops.decode_phases`: 4 on CPU from 128 new tokens, else 1). A step
+  reads only its phase's width of the cache; each width compiles its own decode loop."""
+  phases = ops.decode_phases(new_tokens)
   return tuple(prompt_width + -(-new_tokens * j // phases) for j in range(1, phases + 1))
 
 

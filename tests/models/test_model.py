@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from models import cache as cache_lib
+from models import ops
 from models.config import PRESETS, PUBLISHED_PARAMS, ModelConfig, get_config
 from models.moe import aux_free_bias_update
 from models.transformer import build, param_counts
@@ -286,7 +286,7 @@ def test_cache_write_drops_past_the_end():
   """Cache writes land at each row's own offset; writes past the buffer are dropped."""
   buf = jnp.zeros((2, 4, 1))
   new = jnp.array([[1.0, 2.0], [11.0, 12.0]])[:, :, None]
-  out = cache_lib.write(buf, new, jnp.array([1, 3]))
+  out = ops.write_slots(buf, new, jnp.array([1, 3]))
   np.testing.assert_array_equal(np.asarray(out)[..., 0], [[0, 1, 2, 0], [0, 0, 0, 11]])
 
 

@@ -1,5 +1,5 @@
 """Expert dispatches against the dense reference: expert parallelism (models/moe_ep.py) on 8
-CPU devices, ragged_dot (TPU / GPU) and `cpu_experts` (each of its three forms)."""
+CPU devices, ragged_dot (TPU / GPU) and `ops_cpu.experts` (each of its three forms)."""
 
 import functools
 
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import moe, moe_ep
+from models import moe, moe_ep, ops, ops_cpu
 from models import sharding as sharding_lib
 from models.transformer import build
 
@@ -95,11 +95,11 @@ def test_dispatch_for_mesh_uses_ambient_expert_axis(monkeypatch):
   """dispatch_for_mesh keeps the local function without an expert axis and switches to
   expert parallelism under jax.set_mesh with expert > 1; through MoE.__call__ in the tiny
   MoE+MLA+DSA model, the logits equal the dense-dispatch model's."""
-  assert moe_ep.dispatch_for_mesh(moe.ragged_experts) is moe.ragged_experts
+  assert moe_ep.dispatch_for_mesh(ops.ragged_experts) is ops.ragged_experts
   data_mesh = sharding_lib.make_mesh({"data": 8})
-  assert moe_ep.dispatch_for_mesh(moe.ragged_experts, data_mesh) is moe.ragged_experts
+  assert moe_ep.dispatch_for_mesh(ops.ragged_experts, data_mesh) is ops.ragged_experts
   mesh = sharding_lib.make_mesh({"expert": 4, "fsdp": 2})
-  assert moe_ep.dispatch_for_mesh(moe.ragged_experts, mesh).func is (
+  assert moe_ep.dispatch_for_mesh(ops.ragged_experts, mesh).func is (
       moe_ep.expert_parallel_experts)
 
   model = build("tiny_moe_mla_dsa", seed=2)
@@ -239,10 +239,10 @@ def test_model_counts_what_its_capacity_drops():
 
 def test_exchange_is_picked_by_the_target_platform():
   """A TPU (or GPU) program traced on this CPU host takes the ragged exchange the TPU runs:
-  default_impl reads kernels.platform() (the target set while lowering ahead of time), and the
+  ops.expert_exchange reads kernels.platform() (the target set while lowering ahead of time), and the
   lowered MoE layer then contains ragged_all_to_all."""
   import kernels
-  assert moe_ep.default_impl() == "padded"
+  assert ops.expert_exchange() == "padded"
   mesh = sharding_lib.make_mesh({"expert": 4, "fsdp": 2})
 
   def lowered():  # a new function each time: jit's trace cache does not key on the platform
@@ -251,14 +251,14 @@ def test_exchange_is_picked_by_the_target_platform():
 
   assert "ragged_all_to_all" not in lowered()
   with kernels.target_platform("tpu"):
-    assert moe_ep.default_impl() == "ragged"
+    assert ops.expert_exchange() == "ragged"
     assert "ragged_all_to_all" in lowered()
 
 
 # 16 experts, top 2: one token's experts are an eighth (gathered); 8 and 64 tokens: every expert
 # at once; 130: three chunks of 64, the last padded.
 @pytest.mark.parametrize("n", [1, 8, 64, 130])
-@pytest.mark.parametrize("experts", [moe.cpu_experts, moe.ragged_experts],
+@pytest.mark.parametrize("experts", [ops_cpu.experts, ops.ragged_experts],
                          ids=["cpu_experts", "ragged_experts"])
 def test_local_dispatch_equals_dense_reference(experts, n):
   """Output and gradients (x, gate weights, every expert weight) equal dense_experts' to fp32

@@ -1,9 +1,12 @@
-"""The products the rollout engine decodes with on CPU. Projections (models/layers.py):
-`matmul_out_in` (blocked over the output at few rows, bf16 accumulated in fp32) against one
-fp32 einsum; the blocked form is what a CPU decode step traces and not what a TPU program
-does; `kernels_out_in` leaves every model's forward unchanged to rounding. Attention
-(models/attention.py, models/cache.py): the one-query-row multiply-and-reduce against the
-float64 softmax and the dot path, over the head-major KV cache `cache.write` fills."""
+"""The host-specific ops (models/ops.py) and their CPU bodies (models/ops_cpu.py): each CPU body
+computes its portable op's function, to rounding, and only CPU programs trace it.
+
+Projections: `matmul_out_in` (blocked over the output at few rows, bf16 accumulated in fp32)
+against one float64 einsum; the blocked form is what a CPU decode step traces and not what a TPU
+program does; `sampler_layout` leaves every model's forward unchanged to rounding and its inputs
+as they were. SwiGLU: the fp32-accumulated CPU form against the portable one. Attention: the
+one-query-row multiply-and-reduce against the float64 softmax and the dot path, over the
+head-major KV cache `write_slots` fills. The model files ask no platform question."""
 
 import functools
 
@@ -13,11 +16,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import pathlib
+import re
+
 import kernels
-from models import cache as cache_lib
-from models import layers
-from models.attention import OutProj, grouped_attention
-from models.layers import Dense
+from models import ops, ops_cpu
+from models.attention import OutProj
+from models.config import get_config
+from models.layers import MLP, Dense
 from models.transformer import build
 
 
@@ -34,7 +40,7 @@ def test_matmul_out_in_equals_one_einsum(dtype, atol, lead, out):
   kx, kw = jax.random.split(jax.random.key(0))
   x = jax.random.normal(kx, (*lead, 64)).astype(dtype)
   w = (jax.random.normal(kw, (out, 64)) / 4).astype(dtype)
-  y = jax.jit(layers.matmul_out_in)(x, w)
+  y = jax.jit(ops.matmul_out_in)(x, w)
   assert y.shape == (*lead, out) and y.dtype == jnp.dtype(dtype)
   np.testing.assert_allclose(np.asarray(y, np.float64), _reference(x, w), atol=atol,
                              rtol=0.02 if dtype == "bfloat16" else 1e-5)
@@ -42,7 +48,7 @@ def test_matmul_out_in_equals_one_einsum(dtype, atol, lead, out):
 
 def _weight_shapes(rows: int) -> list[tuple[int, ...]]:
   """The weight operand's shape in each product `matmul_out_in` traces for `rows` rows."""
-  jaxpr = jax.make_jaxpr(lambda x, w: layers.matmul_out_in(x, w))(  # a fresh trace
+  jaxpr = jax.make_jaxpr(lambda x, w: ops.matmul_out_in(x, w))(  # a fresh trace
       jnp.ones((rows, 64)), jnp.ones((256, 64)))
   return [next(tuple(v.aval.shape) for v in e.invars if v.aval.shape[0] != rows)
           for e in jaxpr.eqns if e.primitive.name == "dot_general"]
@@ -52,29 +58,62 @@ def test_cpu_decode_rows_take_the_blocked_product_and_tpu_programs_do_not():
   """A decode step on CPU (8 rows) multiplies by [out/128, 128, in] blocks; prefill-sized
   rows and any program traced for TPU keep the single [out, in] product."""
   assert _weight_shapes(8) == [(2, 128, 64)]
-  assert _weight_shapes(layers.DECODE_ROWS + 1) == [(256, 64)]
+  assert _weight_shapes(ops_cpu.DECODE_ROWS + 1) == [(256, 64)]
   with kernels.target_platform("tpu"):
     assert _weight_shapes(8) == [(256, 64)]
 
 
 @pytest.mark.parametrize("name", ["tiny_dense", "tiny_mla"])
-def test_kernels_out_in_keeps_the_forward(name):
-  """The engine's output-major kernels (every Dense and attention output projection transposed,
-  MLA's absorbed wkv_b read back through `in_major`) give the same logits as the stored
-  layout, at 1 row and at 12."""
+def test_sampler_layout_keeps_the_forward_and_its_inputs(name):
+  """The engine's CPU layout (layers unstacked, every Dense and attention output projection
+  stored output-major, MLA's absorbed wkv_b left [in, *out]) gives the same logits as the
+  stored layout, at 1 row and at 12, and leaves the (graphdef, state) it was given as it was."""
   graphdef, state = nnx.split(build(name, seed=3))
+  before = jax.tree.map(np.asarray, state)
 
   @functools.partial(jax.jit, static_argnums=2)
-  def logits(state, tokens, out_major):
-    model = nnx.merge(graphdef, state)
-    if out_major:
-      layers.kernels_out_in(model)
-      assert all(m.out_major for _, m in model.iter_modules() if isinstance(m, (Dense, OutProj)))
+  def logits(state, tokens, relayout):
+    model = nnx.merge(*ops.sampler_layout(graphdef, state)) if relayout else nnx.merge(
+        graphdef, state)
+    if relayout:
+      projections = [m for _, m in model.iter_modules() if isinstance(m, (Dense, OutProj))]
+      assert all(m.out_major is not False for m in projections)
+      assert sum(m.out_major is None for m in projections) == (
+          model.cfg.n_layers if model.cfg.attention == "mla" else 0)  # each layer's wkv_b
     return model.forward(tokens).logits
 
   for tokens in (jnp.array([[5]]), jnp.arange(1, 13)[None]):
     np.testing.assert_allclose(logits(state, tokens, True), logits(state, tokens, False),
                                atol=2e-5, rtol=0)
+  new_graphdef, new_state = ops.sampler_layout(graphdef, state)  # outside jit: nothing shared
+  assert new_graphdef != graphdef
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, state), before)
+  with kernels.target_platform("tpu"):
+    assert ops.sampler_layout(graphdef, state) == (graphdef, state)
+
+
+@pytest.mark.parametrize("dtype,atol", [("float32", 1e-6), ("bfloat16", 0.02)])
+def test_swiglu_on_cpu_equals_the_portable_form(dtype, atol):
+  """The MLP's CPU SwiGLU (gate and up kept in fp32, rounded once) equals the portable form
+  (each rounded to the compute dtype first) to the compute dtype's rounding."""
+  cfg = get_config("tiny_dense", dtype=dtype)
+  mlp = MLP(cfg, 64, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(1), (2, 5, cfg.d_model)).astype(dtype)
+  fused = ops.swiglu(x, mlp.gate, mlp.up)
+  with kernels.target_platform("gpu"):
+    portable = ops.swiglu(x, mlp.gate, mlp.up)
+  assert fused.dtype == portable.dtype == jnp.dtype(dtype)
+  np.testing.assert_allclose(np.asarray(fused, np.float32), np.asarray(portable, np.float32),
+                             atol=atol, rtol=0.02 if dtype == "bfloat16" else 1e-6)
+
+
+def test_the_model_files_ask_no_platform_question():
+  """Host-specific compute goes through models/ops.py: the layer files hold no platform check."""
+  root = pathlib.Path(__file__).resolve().parents[2] / "models"
+  for name in ("attention.py", "layers.py", "moe.py", "moe_ep.py", "cache.py", "transformer.py",
+               "dsa.py"):
+    text = (root / name).read_text()
+    assert not re.search(r"platform\(\)|default_backend\(\)|ops_cpu", text), name
 
 
 def _attention_reference(q, k, v, mask, scale):
@@ -100,10 +139,10 @@ def test_decode_attention_matches_float64_and_the_dot_path(dtype, atol):
   k = jnp.asarray(rng.normal(size=(batch, kv_heads, slots, dim)), dtype)
   v = jnp.asarray(rng.normal(size=(batch, kv_heads, slots, dim)), dtype)
   mask = jnp.arange(slots)[None, None, :] < jnp.array([1, 17, 40])[:, None, None]
-  fused = grouped_attention(q, k, v, mask, 0.25)
+  fused = ops.grouped_attention(q, k, v, mask, 0.25)
   with kernels.target_platform("tpu"):  # the traced dot path, run here on CPU
-    dotted = grouped_attention(q, k, v, mask, 0.25)
-  jaxpr = str(jax.make_jaxpr(lambda *a: grouped_attention(*a, 0.25))(q, k, v, mask))
+    dotted = ops.grouped_attention(q, k, v, mask, 0.25)
+  jaxpr = str(jax.make_jaxpr(lambda *a: ops.grouped_attention(*a, 0.25))(q, k, v, mask))
   assert "dot_general" not in jaxpr
   want = _attention_reference(q, k, v, mask, 0.25)
   np.testing.assert_allclose(np.asarray(fused, np.float64), want, atol=atol)
@@ -111,15 +150,15 @@ def test_decode_attention_matches_float64_and_the_dot_path(dtype, atol):
 
 
 @pytest.mark.parametrize("dtype,steps", [("bfloat16", 1), ("float32", 1), ("float32", 3)])
-def test_cache_write_fills_head_major_slots(dtype, steps):
-  """`cache.write` puts token-major rows [B, T, KVH, D] at slots start[b] + t of a head-major
+def test_write_slots_fills_head_major_slots(dtype, steps):
+  """`write_slots` puts token-major rows [B, T, KVH, D] at slots start[b] + t of a head-major
   cache [B, KVH, S, D] (the bf16 one-token CPU select and the scatter alike) and drops what
   falls past the end."""
   rng = np.random.default_rng(1)
   buf = jnp.asarray(rng.normal(size=(3, 2, 6, 4)), dtype)
   new = jnp.asarray(rng.normal(size=(3, steps, 2, 4)), dtype)
   start = np.array([0, 4, 5])
-  out = np.asarray(cache_lib.write(buf, new, jnp.asarray(start)), np.float32)
+  out = np.asarray(ops.write_slots(buf, new, jnp.asarray(start)), np.float32)
   want = np.asarray(buf, np.float32).copy()
   for b in range(3):
     for t in range(steps):

@@ -1,0 +1,140 @@
+"""The CPU bodies of `models.ops`: the same functions as the portable bodies there, shaped for
+XLA:CPU's GEMM, fusion and scatter choices. Each was measured against the portable body on this
+project's CPU hosts (figures beside each; docs/performance.md has the runs). They sum in another
+order or round at another point, so results agree with the portable bodies to rounding, not bit
+for bit (tests/models/test_ops.py checks each pair).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+# Rows (tokens) at or below which a product runs blocked over its output (decoding).
+DECODE_ROWS = 64
+_OUT_BLOCKS = (128, 64)
+
+
+def matmul_out_in(x: jax.Array, w: jax.Array, dtype=None) -> jax.Array:
+  """x [..., in] times w [out, in] -> [..., out] in `dtype` (default x's dtype).
+
+  XLA:CPU's GEMM choices decide decode speed (a Qwen2.5-0.5B-shaped layer stack):
+  - with at most DECODE_ROWS rows (a decode step) the product runs as out/128 blocks of
+    [128, in]. XLA:CPU's GEMM packs its whole right-hand operand on every call, which at 8-32
+    rows costs about as much as the product (fp32, 8 rows: 139 ms per step plain, 85 ms
+    blocked); a [128, in] block is packed from cache;
+  - bf16 / fp16 products accumulate in fp32 (preferred_element_type) and round once: a bf16
+    output sends XLA:CPU to a path 5-10x slower (8 rows: 545 ms plain bf16, 37 ms this way),
+    and a single row is padded to two, which its bf16 single-row path is equally slow at.
+  """
+  lead, (out, width) = x.shape[:-1], w.shape
+  rows = math.prod(lead)
+  x2 = x.reshape(rows, width)
+  options = {}
+  if x.dtype.itemsize < 4:
+    options["preferred_element_type"] = jnp.float32
+    if rows == 1:
+      x2 = jnp.pad(x2, ((0, 1), (0, 0)))
+  block = next((b for b in _OUT_BLOCKS if out % b == 0 and out > b), 0)
+  if block and rows <= DECODE_ROWS:
+    y = jnp.einsum("mi,boi->bmo", x2, w.reshape(out // block, block, width), **options)
+    y = jnp.moveaxis(y, 0, 1).reshape(x2.shape[0], out)
+  else:
+    y = jnp.einsum("mi,oi->mo", x2, w, **options)
+  if x2.shape[0] != rows:  # the barrier keeps XLA from slicing the padding off the operand
+    y = jax.lax.optimization_barrier(y)[:rows]
+  return y.astype(dtype or x.dtype).reshape(*lead, out)
+
+
+def swiglu(x: jax.Array, gate, up) -> jax.Array:
+  """silu(gate(x)) * up(x) straight from the products' fp32 accumulators, rounded once to the
+  projections' compute dtype: XLA:CPU fuses it into one pass, where rounding gate and up to bf16
+  first costs two more (Qwen2.5-0.5B shape, bf16, 8192 prompt tokens: 318 -> 274 ms per
+  layer)."""
+  hidden = jax.nn.silu(gate(x, jnp.float32)) * up(x, jnp.float32)
+  return hidden.astype(gate.compute_dtype)
+
+
+def decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
+                     softmax) -> jax.Array:
+  """One query row per head (a decode step): q [B,1,H,D], head-major k [B,KVH,S,D] and v
+  [B,KVH,S,Dv], mask [B,1,S] -> [B,1,H,Dv], as a fused multiply-and-reduce. As a dot, XLA:CPU
+  runs one tiny GEMM per (row, kv head) and first converts a bf16 cache to fp32 in a separate
+  pass: 24 layers of Qwen2.5-0.5B-shaped attention at 128 rows took 215 ms (bf16) / 146 ms
+  (fp32) that way and 56 / 65 ms this way. `softmax` is `models.ops.masked_softmax`."""
+  batch, _, heads, dim = q.shape
+  kv_heads = k.shape[1]
+  qg = q.reshape(batch, kv_heads, heads // kv_heads, 1, dim).astype(jnp.float32)
+  logits = jnp.sum(qg * k[:, :, None].astype(jnp.float32), axis=-1) * scale  # [B,KVH,G,S]
+  probs = softmax(logits, mask[:, :, None])  # mask [B,1,S]: broadcast over heads
+  probs = probs.astype(v.dtype).astype(jnp.float32)  # rounded as the dot path rounds them
+  out = jnp.sum(probs[..., None] * v[:, :, None].astype(jnp.float32), axis=-2)
+  return out.reshape(batch, 1, heads, v.shape[-1]).astype(v.dtype)
+
+
+def write_one_slot(buffer: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+  """One new token per row (a decode step) into a bf16 / fp16 buffer [B, ..., S, C] at slot
+  start[b], as a select: XLA:CPU scatters into 16-bit buffers by converting the whole buffer to
+  fp32 and back (a bf16 Qwen2.5-0.5B-shaped step at 128 rows: ~470 ms with the scatter, ~390 ms
+  with this select). Slots past S match nothing: dropped, as the scatter drops them."""
+  batch = new.shape[0]
+  hit = jnp.arange(buffer.shape[-2])[None, :] == start[:, None]  # [B, S]
+  hit = hit.reshape(batch, *([1] * (buffer.ndim - 3)), buffer.shape[-2], 1)
+  return jnp.where(hit, jnp.moveaxis(new, 1, -2), buffer)
+
+
+# XLA:CPU's ragged_dot has no grouped GEMM (a 756M-parameter Qwen3-MoE shape, top-8 of 64
+# experts, fp32, one layer: 82 / 113 / 324 / 1946 ms for 1 / 8 / 64 / 512 tokens, against
+# 6 / 21 / 63 / 349 ms for `experts`' choices).
+_CHUNK = 64  # tokens per batched-over-experts product (bounds the [E, tokens, D] operand)
+
+
+def experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array, w_gate: jax.Array,
+            w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+  """The dropless expert FFN: a single token's k experts gathered when they are at most an
+  eighth of the experts (decoding one row), else every expert on up to 64 tokens at a time."""
+  n, k = expert_ids.shape
+  if n * k * 8 <= w_gate.shape[0]:
+    return gathered_experts(x, expert_ids, weights, w_gate, w_up, w_down)
+  if n <= _CHUNK:
+    return experts_by_expert(x, expert_ids, weights, w_gate, w_up, w_down)
+  pad = -n % _CHUNK
+
+  def chunks(a):
+    return jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1)).reshape(-1, _CHUNK, *a.shape[1:])
+  out = jax.lax.map(lambda c: experts_by_expert(*c, w_gate, w_up, w_down),
+                    (chunks(x), chunks(expert_ids), chunks(weights)))
+  return out.reshape(-1, x.shape[-1])[:n]
+
+
+def gathered_experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array,
+                     w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+  """Each token times its own k experts' weights, gathered ([N, k, D, F] per projection)."""
+  hidden = (jax.nn.silu(jnp.einsum("nd,nkdf->nkf", x, w_gate[expert_ids]))
+            * jnp.einsum("nd,nkdf->nkf", x, w_up[expert_ids]))
+  out = jnp.einsum("nkf,nkfd->nkd", hidden, w_down[expert_ids])
+  return jnp.einsum("nkd,nk->nd", out, weights.astype(out.dtype))
+
+
+def experts_by_expert(x: jax.Array, expert_ids: jax.Array, weights: jax.Array,
+                      w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
+  """Every expert on every token, one product per projection batched over the experts (each
+  expert's [D, F] weight read in place), combined with one-hot gate weights."""
+  n_experts = w_gate.shape[0]
+  combine = jnp.sum(jax.nn.one_hot(expert_ids, n_experts, dtype=weights.dtype)
+                    * weights[..., None], axis=1)  # [N, E]: 0 where a token did not choose
+  xe = jnp.broadcast_to(x, (n_experts, *x.shape))
+  hidden = (jax.nn.silu(jnp.einsum("end,edf->enf", xe, w_gate))
+            * jnp.einsum("end,edf->enf", xe, w_up))
+  out = jnp.einsum("enf,efd->end", hidden, w_down)
+  return jnp.einsum("end,ne->nd", out, combine.astype(out.dtype))
+
+
+def decode_phases(new_tokens: int) -> int:
+  """Cache widths one engine call decodes through: from 128 new tokens, 4 (prompt + 1/4, 2/4,
+  3/4 and all of the new tokens; bf16 Qwen2.5-0.5B shape, 128 rows x 128 tokens: 44.6 -> 41.3 s
+  per call; each width compiles its own decode loop: ~4x the compile time, 9 -> 37 s there,
+  first call minus a warm one)."""
+  return 4 if new_tokens >= 128 else 1
