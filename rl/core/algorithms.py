@@ -19,7 +19,6 @@ from typing import Any
 from rl.core import advantages, losses
 from rl.core.checks import domain_values
 
-AGG_MODES = losses.AGG_MODES
 REWARD_MODES = ("verify", "dapo")
 CRITIC_INITS = ("policy", "random")
 
@@ -120,7 +119,7 @@ def validate_rl(rl: Any) -> None:
   advantages.ESTIMATOR_REGISTRY[rl["estimator"]]  # an unknown name: the registry's error
   losses.POLICY_LOSS_REGISTRY[rl["policy_loss"]]
   losses.KL_REGISTRY[rl["kl_kind"]]
-  check("loss_agg_mode", AGG_MODES)
+  check("loss_agg_mode", losses.AGG_MODES)
   check("reward_mode", REWARD_MODES)
   check("critic_init", CRITIC_INITS)
   if not 0 <= rl["clip_low"] < 1:
