@@ -22,19 +22,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from models.attention import ATTENTION
 from models.config import ModelConfig
 
 Cache = dict[str, Any]
 
 
 def layer_cache_shapes(cfg: ModelConfig, batch: int, max_len: int) -> dict[str, tuple]:
-  if cfg.attention == "gqa":
-    shape = (batch, cfg.kv_heads, max_len, cfg.gqa_head_dim)
-    return {"k": shape, "v": shape}
-  shapes = {"latent": (batch, max_len, cfg.kv_lora_rank + cfg.qk_rope_head_dim)}
-  if cfg.dsa:
-    shapes["index_k"] = (batch, max_len, cfg.index_head_dim)
-  return shapes
+  return ATTENTION[cfg.attention].cache_shapes(cfg, batch, max_len)
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = None) -> Cache:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from models.attention import ATTENTION
 from models.config import ModelConfig
 from models.transformer import param_counts
 
@@ -21,12 +22,6 @@ def matmul_params(cfg: ModelConfig) -> int:
   """Active parameters per token that take part in matmuls."""
   embed = cfg.vocab_size * cfg.d_model
   return param_counts(cfg)["active"] - embed + (embed if cfg.tie_embeddings else 0)
-
-
-def _attention_dims(cfg: ModelConfig) -> int:
-  if cfg.attention == "mla":
-    return cfg.n_heads * (cfg.qk_head_dim + cfg.v_head_dim)
-  return cfg.n_heads * 2 * cfg.gqa_head_dim
 
 
 def causal_pairs(lengths, window: int | None = None) -> np.ndarray:
@@ -44,11 +39,8 @@ def train_flops(cfg: ModelConfig, lengths) -> dict[str, float]:
   """Training FLOPs (forward + backward) of sequences with the given lengths."""
   lengths = np.asarray(lengths, np.float64)
   dense = 6.0 * matmul_params(cfg) * lengths.sum()
-  window = cfg.index_topk if cfg.dsa else None
-  attention = 6.0 * cfg.n_layers * _attention_dims(cfg) * causal_pairs(lengths, window).sum()
-  if cfg.dsa:
-    attention += (6.0 * cfg.n_layers * cfg.index_n_heads * cfg.index_head_dim
-                  * causal_pairs(lengths).sum())
+  attention = sum(6.0 * cfg.n_layers * width * causal_pairs(lengths, window).sum()
+                  for width, window in ATTENTION[cfg.attention].pair_terms(cfg))
   return {"dense": float(dense), "attention": float(attention),
           "total": float(dense + attention)}
 

@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import shutil
+import types
 from typing import Any, Callable
 
 import jax
@@ -36,6 +37,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from safetensors import safe_open
 
 from models import sharding as sharding_lib
+from models.attention import ATTENTION
 from models.config import ModelConfig
 from models.transformer import Transformer
 
@@ -83,50 +85,6 @@ def config_from_hf(hf: dict, *, dtype: str = "bfloat16",
                           f"{hf.get('model_type')!r} needs it)") from None
 
 
-def _gqa_from_hf(hf: dict) -> dict:
-  if hf.get("mlp_bias"):
-    raise CheckpointError("mlp_bias=True is not supported")
-  return dict(n_kv_heads=hf.get("num_key_value_heads") or 0, head_dim=hf.get("head_dim") or 0)
-
-
-def _gqa_to_hf(cfg: ModelConfig) -> dict:
-  return dict(num_key_value_heads=cfg.kv_heads, head_dim=cfg.gqa_head_dim)
-
-
-def _mla_from_hf(hf: dict) -> dict:
-  if hf.get("num_key_value_heads", hf["num_attention_heads"]) != hf["num_attention_heads"]:
-    raise CheckpointError("MLA checkpoints need num_key_value_heads == num_attention_heads")
-  layer_kinds = hf.get("mlp_layer_types")
-  first_k_dense = hf.get("first_k_dense_replace", 0)
-  if layer_kinds:
-    first_k_dense = layer_kinds.index("sparse") if "sparse" in layer_kinds else len(layer_kinds)
-    if any(k != "sparse" for k in layer_kinds[first_k_dense:]):
-      raise CheckpointError(f"mlp_layer_types {layer_kinds}: only a dense prefix is supported")
-  return dict(q_lora_rank=hf.get("q_lora_rank") or 0,
-              kv_lora_rank=hf["kv_lora_rank"], qk_nope_head_dim=hf["qk_nope_head_dim"],
-              qk_rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"],
-              rope_interleave=bool(hf.get("rope_interleave", True)),
-              n_experts=hf.get("n_routed_experts") or hf.get("num_local_experts"),
-              n_experts_per_tok=hf["num_experts_per_tok"],
-              moe_mlp_dim=hf["moe_intermediate_size"],
-              n_shared_experts=hf.get("n_shared_experts") or 0, first_k_dense=first_k_dense,
-              norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
-              routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
-              n_group=hf.get("n_group") or 1, topk_group=hf.get("topk_group") or 1)
-
-
-def _mla_to_hf(cfg: ModelConfig) -> dict:
-  return dict(num_key_value_heads=cfg.n_heads, q_lora_rank=cfg.q_lora_rank or None,
-              kv_lora_rank=cfg.kv_lora_rank, qk_nope_head_dim=cfg.qk_nope_head_dim,
-              qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim,
-              head_dim=cfg.qk_rope_head_dim, rope_interleave=cfg.rope_interleave,
-              n_routed_experts=cfg.n_experts, num_experts_per_tok=cfg.n_experts_per_tok,
-              moe_intermediate_size=cfg.moe_mlp_dim, n_shared_experts=cfg.n_shared_experts,
-              first_k_dense_replace=cfg.first_k_dense, n_group=cfg.n_group,
-              topk_group=cfg.topk_group, routed_scaling_factor=cfg.routed_scaling_factor,
-              norm_topk_prob=cfg.norm_topk_prob)
-
-
 def _qwen3_moe_from_hf(hf: dict) -> dict:
   if hf.get("mlp_only_layers") or hf.get("decoder_sparse_step", 1) != 1:
     raise CheckpointError("qwen3_moe with mlp_only_layers / decoder_sparse_step != 1 is "
@@ -158,10 +116,6 @@ def _dsa_to_hf(cfg: ModelConfig) -> dict:
                                for i in range(cfg.n_layers)])
 
 
-# How each attention kind's fields read from and write to config.json.
-ATTENTION_FIELDS = {"gqa": (_gqa_from_hf, _gqa_to_hf), "mla": (_mla_from_hf, _mla_to_hf)}
-
-
 def _none(_) -> dict:
   return {}
 
@@ -171,7 +125,7 @@ class Family:
   """One HF `model_type`. `switches` are the ModelConfig fields that identify it: an import sets
   them, and a model exports as the one family whose switches it matches (`moe`: whether it has
   experts). `read` / `write` carry the family's config.json fields beyond those of its attention
-  kind (models/hf.py ATTENTION_FIELDS) and the fields every family shares."""
+  kind (models.attention.ATTENTION) and the fields every family shares."""
   architecture: str
   switches: dict[str, Any]
   read: Callable[[dict], dict] = _none
@@ -210,14 +164,18 @@ def _config_from_hf(hf: dict, dtype: str) -> ModelConfig:
   # o_proj bias, which no model here has.
   if hf.get("attention_bias") and not family.switches["qkv_bias"]:
     raise CheckpointError("attention_bias=True (an o_proj bias) is not supported")
-  from_hf, _ = ATTENTION_FIELDS[family.switches["attention"]]
   fields = dict(vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
                 n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
                 mlp_dim=hf["intermediate_size"], rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
                 tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
                 max_seq_len=hf.get("max_position_embeddings", 4096), dtype=dtype,
                 param_dtype=dtype, **_rope(hf))
-  fields.update(from_hf(hf))
+  try:
+    fields.update(ATTENTION[family.switches["attention"]].hf_read(hf))
+  except CheckpointError:
+    raise
+  except ValueError as e:
+    raise CheckpointError(str(e)) from None
   fields.update(family.read(hf))
   fields.update({k: v for k, v in family.switches.items() if k != "moe"})
   return ModelConfig(**fields)
@@ -256,7 +214,6 @@ def config_to_hf(cfg: ModelConfig) -> dict:
                 low_freq_factor=cfg.llama3_low_freq_factor,
                 high_freq_factor=cfg.llama3_high_freq_factor,
                 original_max_position_embeddings=cfg.llama3_original_max_len)
-  _, to_hf = ATTENTION_FIELDS[cfg.attention]
   out = dict(
       model_type=name, architectures=[family.architecture], vocab_size=cfg.vocab_size,
       hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
@@ -264,7 +221,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
       rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_embeddings,
       max_position_embeddings=cfg.max_seq_len, hidden_act="silu", rope_parameters=rope,
       torch_dtype=cfg.param_dtype, attention_bias=False)
-  out.update(to_hf(cfg))
+  out.update(ATTENTION[cfg.attention].hf_write(cfg))
   out.update(family.write(cfg))
   return out
 
@@ -318,6 +275,9 @@ def param_mapping(cfg: ModelConfig) -> dict[tuple, tuple[list[str], Callable, Ca
     m[path] = (names, lambda w: _rope_layout(to_ours(w), r, interleave=False),
                lambda k: to_hf(_rope_layout(k, r, interleave=True)))
 
+  to = types.SimpleNamespace(linear=linear, copy=copy, out_proj=out_proj,
+                             rope_columns=rope_columns)
+
   def mlp(prefix, hf_prefix):
     for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
       linear(prefix + (ours, "kernel"), f"{hf_prefix}.{theirs}.weight")
@@ -330,43 +290,7 @@ def param_mapping(cfg: ModelConfig) -> dict[tuple, tuple[list[str], Callable, Ca
     L, hp = ("layers", i), f"model.layers.{i}"
     copy(L + ("attn_norm", "scale"), f"{hp}.input_layernorm.weight")
     copy(L + ("mlp_norm", "scale"), f"{hp}.post_attention_layernorm.weight")
-    A, ha = L + ("attn",), f"{hp}.self_attn"
-    if cfg.attention == "gqa":
-      hd = cfg.gqa_head_dim
-      for ours, theirs, heads in (("q_proj", "q_proj", cfg.n_heads),
-                                  ("k_proj", "k_proj", cfg.kv_heads),
-                                  ("v_proj", "v_proj", cfg.kv_heads)):
-        linear(A + (ours, "kernel"), f"{ha}.{theirs}.weight", (heads, hd))
-        if cfg.qkv_bias:
-          copy(A + (ours, "bias"), f"{ha}.{theirs}.bias", (heads, hd))
-      out_proj(A + ("o_proj", "kernel"), f"{ha}.o_proj.weight", cfg.n_heads, hd)
-      if cfg.qk_norm:
-        copy(A + ("q_norm", "scale"), f"{ha}.q_norm.weight")
-        copy(A + ("k_norm", "scale"), f"{ha}.k_norm.weight")
-    else:
-      h = cfg.n_heads
-      if cfg.q_lora_rank:
-        linear(A + ("wq_a", "kernel"), f"{ha}.q_a_proj.weight")
-        copy(A + ("q_norm", "scale"), f"{ha}.q_a_layernorm.weight")
-        linear(A + ("wq_b", "kernel"), f"{ha}.q_b_proj.weight", (h, cfg.qk_head_dim))
-        rope_columns(A + ("wq_b", "kernel"))
-      else:
-        linear(A + ("wq", "kernel"), f"{ha}.q_proj.weight", (h, cfg.qk_head_dim))
-        rope_columns(A + ("wq", "kernel"))
-      linear(A + ("wkv_a", "kernel"), f"{ha}.kv_a_proj_with_mqa.weight")
-      rope_columns(A + ("wkv_a", "kernel"))
-      copy(A + ("kv_norm", "scale"), f"{ha}.kv_a_layernorm.weight")
-      linear(A + ("wkv_b", "kernel"), f"{ha}.kv_b_proj.weight",
-             (h, cfg.qk_nope_head_dim + cfg.v_head_dim))
-      out_proj(A + ("wo", "kernel"), f"{ha}.o_proj.weight", h, cfg.v_head_dim)
-      if cfg.dsa:
-        ix, hi = A + ("indexer",), f"{ha}.indexer"
-        linear(ix + ("wq_b", "kernel"), f"{hi}.wq_b.weight",
-               (cfg.index_n_heads, cfg.index_head_dim))
-        linear(ix + ("wk", "kernel"), f"{hi}.wk.weight")
-        copy(ix + ("k_norm", "scale"), f"{hi}.k_norm.weight")
-        copy(ix + ("k_norm", "bias"), f"{hi}.k_norm.bias")
-        linear(ix + ("weights_proj", "kernel"), f"{hi}.weights_proj.weight")
+    ATTENTION[cfg.attention].hf_params(cfg, to, L + ("attn",), f"{hp}.self_attn")
     M, hm = L + ("mlp",), f"{hp}.mlp"
     if not cfg.is_moe_layer(i):
       mlp(M, hm)

@@ -15,6 +15,7 @@ from flax import nnx
 
 from models import cache as cache_lib
 from models import remat as remat_lib
+from models.attention import ATTENTION
 from models.config import ModelConfig
 from models.transformer import ShapeOnlyRngs, Transformer
 
@@ -117,7 +118,7 @@ def rollout_bytes(cfg: ModelConfig, *, sequences: int, slots: int, prefill_rows:
     logits    the fp32 last-position logits of the slots and of the prefill rows
   """
   per = lambda n: -(-n // row_shards)  # noqa: E731
-  kv_split = tensor if cfg.attention == "gqa" else 1
+  kv_split = ATTENTION[cfg.attention].cache_split(cfg, tensor)
   width = prompt_width + new_tokens
   record = 8 + 4 * kept_ids + (4 * cfg.n_moe_layers * cfg.n_experts_per_tok
                                if keep_routing and cfg.is_moe else 0)
@@ -152,22 +153,7 @@ def _layer_activation_bytes(cfg: ModelConfig, layer: int, length: int, tensor: i
   and, for "dots", the attention scores (a matmul with batch dimensions)."""
   b = jnp.dtype(cfg.dtype).itemsize
   d, h = cfg.d_model, cfg.n_heads
-  if cfg.attention == "gqa":
-    dh = cfg.gqa_head_dim
-    proj = (2 * h + 2 * cfg.kv_heads) * dh * b / tensor
-    keys = length
-  else:
-    latent = cfg.q_lora_rank + cfg.kv_lora_rank + cfg.qk_rope_head_dim
-    if cfg.dsa:  # absorbed MLA over the indexer's top-k
-      wide = h * (cfg.qk_head_dim + (cfg.kv_lora_rank + cfg.qk_rope_head_dim) + cfg.kv_lora_rank
-                  + cfg.v_head_dim)
-      keys = cfg.index_topk if kernel_backend in ("reference", "interpret") else 0
-      if keys:  # the reference gathers the top-k latents of every query
-        wide += keys * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
-    else:
-      wide = h * (2 * cfg.qk_head_dim + 2 * cfg.v_head_dim)
-      keys = length
-    proj = latent * b + wide * b / tensor
+  proj, keys = ATTENTION[cfg.attention].activations(cfg, length, tensor, kernel_backend)
   scores = (4 + b) * h * keys / tensor + (4 * h + 4 * cfg.index_topk if cfg.dsa else 0)
   if cfg.is_moe_layer(layer):
     experts = cfg.n_experts_per_tok + cfg.n_shared_experts

@@ -44,6 +44,7 @@ import optax
 from models import flops as flops_lib
 from models import memory
 from models import sharding as sharding_lib
+from models.attention import ATTENTION
 from models.config import ModelConfig
 from models.remat import REMAT_POLICIES
 
@@ -218,7 +219,7 @@ def candidate_meshes(cfg: ModelConfig, devices: int, device: DeviceSpec,
   """Factorisations data x fsdp x expert x tensor of `devices`: expert parallelism only for
   MoE models and dividing the expert count; tensor parallelism dividing the heads (and the
   KV heads of GQA), at most `max_tensor` and inside one interconnect domain."""
-  heads = math.gcd(cfg.n_heads, cfg.kv_heads) if cfg.attention == "gqa" else cfg.n_heads
+  heads = ATTENTION[cfg.attention].tensor_heads(cfg)
   meshes = []
   for tensor in _divisors(devices):
     if tensor > max_tensor or heads % tensor or tensor > device.devices_per_domain:

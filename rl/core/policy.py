@@ -39,10 +39,8 @@ def check_hf_dir(c: ml_collections.ConfigDict) -> None:
   if not c.init_hf_dir or not os.path.exists(os.path.join(c.init_hf_dir, "config.json")):
     return
 
-  def explicit(cfg: ModelConfig) -> dict:  # GQA's 0 = "derived" defaults spelled out
-    if cfg.attention == "gqa":
-      cfg = cfg.replace(head_dim=cfg.gqa_head_dim, n_kv_heads=cfg.kv_heads)
-    return cfg.to_dict()
+  def explicit(cfg: ModelConfig) -> dict:  # the 0 = "derived" defaults spelled out
+    return cfg.replace(head_dim=cfg.gqa_head_dim, n_kv_heads=cfg.kv_heads).to_dict()
   theirs = explicit(hf.config_from_hf(hf.read_hf_config(c.init_hf_dir),
                                       source=os.path.join(c.init_hf_dir, "config.json")))
   ours = explicit(model_config(c))

@@ -2,6 +2,7 @@
 dispatch paths and routing replay, gradients, parameter counts and config errors."""
 
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +11,8 @@ import pytest
 from flax import nnx
 
 from models import ops
-from models.config import PRESETS, PUBLISHED_PARAMS, ModelConfig, get_config
+from models.attention import ATTENTION
+from models.config import ATTENTION_KINDS, PRESETS, PUBLISHED_PARAMS, ModelConfig, get_config
 from models.moe import aux_free_bias_update
 from models.transformer import build, param_counts
 
@@ -280,6 +282,19 @@ def test_bad_preset_and_inconsistent_configs_name_the_field():
   with pytest.raises(ValueError, match="kv_lora_rank"):
     ModelConfig(vocab_size=8, d_model=8, n_layers=1, n_heads=2, mlp_dim=8, attention="mla")
   assert set(TINY) <= set(PRESETS)
+
+
+def test_every_attention_kind_has_one_entry_and_one_call_signature():
+  """models.attention.ATTENTION holds an entry for exactly the kinds a ModelConfig accepts; every
+  kind's module takes the same call signature (the transformer calls them alike) and is the
+  module the model builds."""
+  assert tuple(ATTENTION) == ATTENTION_KINDS
+  signatures = {kind: inspect.signature(entry.module.__call__) for kind, entry in ATTENTION.items()}
+  assert len(set(map(str, signatures.values()))) == 1, signatures
+  for name in TINY:
+    cfg = get_config(name)
+    attn = tiny_model(name).stacks[0].attn
+    assert type(attn) is ATTENTION[cfg.attention].module
 
 
 def test_cache_write_drops_past_the_end():
