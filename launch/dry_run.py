@@ -109,11 +109,11 @@ def _replicated_params(params, shardings, mesh, min_bytes: int = 1 << 20) -> lis
   return sorted(found.items(), key=lambda item: -item[1])
 
 
-def _critic_bytes(cfg: ModelConfig, optimizer, mesh) -> int:
+def _critic_bytes(cfg: ModelConfig, optimizer, mesh, rules) -> int:
   """Per-device parameters, AdamW state and gradients (x2) of the critic (a scalar head on the
   policy's trunk, as rl/jobs/trainer.py builds it)."""
   _, params, _ = memory.abstract_model(cfg.replace(head="scalar", tie_embeddings=False))
-  shardings = sharding_lib.state_shardings(params, mesh)
+  shardings = sharding_lib.state_shardings(params, mesh, rules)
   opt_state = jax.eval_shape(optimizer.init, params)
   opt_shardings = sharding_lib.optimizer_shardings(opt_state, params, shardings, mesh)
   return 3 * memory.tree_bytes(params, shardings) + memory.tree_bytes(opt_state, opt_shardings)
@@ -144,7 +144,8 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
     raise ValueError(f"cannot compile: the mesh needs {mesh.size} devices, "
                      f"{len(devices)} given")
   graphdef, params, rest = memory.abstract_model(cfg)
-  param_shardings = sharding_lib.state_shardings(params, mesh)
+  rules = sharding_lib.make_rules(config.mesh.rules)
+  param_shardings = sharding_lib.state_shardings(params, mesh, rules)
   optimizer = ts.make_optimizer(lr=config.optim.lr, warmup_steps=config.optim.warmup_steps,
                                 weight_decay=config.optim.weight_decay,
                                 grad_clip=config.optim.grad_clip, b1=config.optim.b1,
@@ -187,7 +188,7 @@ def report(config: ml_collections.ConfigDict, *, prompt_len: int | None = None,
   half_ulp = 0.5 * float(jnp.finfo(dtype).eps) * 2.0 ** math.floor(math.log2(cfg.init_std))
   out["updates_round_away"] = (dtype.itemsize < 4 and config.optim.lr < half_ulp
                                and not config.optim.master_weights)
-  critic_bytes = (_critic_bytes(cfg, optimizer, mesh) if algorithms.needs_critic(config.rl)
+  critic_bytes = (_critic_bytes(cfg, optimizer, mesh, rules) if algorithms.needs_critic(config.rl)
                   else 0)
   out["critic_bytes_per_device"] = critic_bytes
 

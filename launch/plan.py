@@ -51,6 +51,7 @@ def main(argv):
   import jax
 
   from models import planner
+  from models import sharding as sharding_lib
   from rl.config.describe import describe_model
   from rl.core.policy import model_config
   from rl.config.validation import validate
@@ -69,7 +70,8 @@ def main(argv):
   work = placement.workload(config, prompt_len=_PROMPT_LEN.value)
   offload = {"no": (False,), "yes": (True,), "both": (False, True)}[_OFFLOAD.value]
   plans = planner.plan(cfg, work, devices, device, remats=_REMATS.value.split(","),
-                       offload_optimizer=offload)
+                       offload_optimizer=offload,
+                       rules=sharding_lib.make_rules(config.mesh.rules))
   fitting = sum(p.fits for p in plans)
   print(f"{describe_model(config)}: {devices} x {device.name} "
         f"({device.hbm_bytes / 2**30:.0f} GiB HBM, {planner.USABLE_HBM_FRACTION:.0%} usable); "

@@ -178,12 +178,14 @@ class _Model:
     self.optimizer_ratio = memory.tree_bytes(opt_state) / self.total_bytes
 
   @functools.lru_cache(maxsize=None)  # noqa: B019 (a few planners per process, each kept)
-  def bytes_per_device(self, fsdp: int, expert: int, tensor: int) -> float:
-    """Parameter bytes per device (only these axes shard parameters under DEFAULT_RULES)."""
-    mesh = _shape_only_mesh(dict(fsdp=fsdp, expert=expert, tensor=tensor))
+  def bytes_per_device(self, sizes: tuple[tuple[str, int], ...],
+                       rules=sharding_lib.DEFAULT_RULES) -> float:
+    """Parameter bytes per device on a mesh of these (axis, size) under the logical-axis
+    `rules`."""
+    mesh = _shape_only_mesh(dict(sizes))
     total = 0.0
     for leaf in self.leaves:
-      spec = sharding_lib.logical_to_spec(leaf.axes, leaf.shape, mesh)
+      spec = sharding_lib.logical_to_spec(leaf.axes, leaf.shape, mesh, rules)
       total += (math.prod(leaf.shape) * leaf.itemsize * leaf.count
                 / sharding_lib.shard_count(spec, mesh))
     return total
@@ -258,13 +260,15 @@ def _remat_flops_factor(remat: str) -> tuple[float, float]:
 
 
 def estimate(cfg: ModelConfig, work: Workload, mesh: dict[str, int], device: DeviceSpec,
-             remat: str) -> Plan:
-  """Memory per device and step time of one plan (see the module docstring)."""
+             remat: str, rules=sharding_lib.DEFAULT_RULES) -> Plan:
+  """Memory per device and step time of one plan (see the module docstring); the parameters
+  laid out by the logical-axis `rules` (config.mesh.rules). The communication model assumes the
+  default rules' layout: FSDP over "embed", tensor parallelism over the heads and MLP."""
   model = _model(cfg)
   sizes = _shape_only_mesh(mesh).shape
   n_devices = math.prod(sizes.values())
   b = np.dtype(cfg.dtype).itemsize
-  params = model.bytes_per_device(sizes["fsdp"], sizes["expert"], sizes["tensor"])
+  params = model.bytes_per_device(tuple(sorted(sizes.items())), rules)
   optimizer = model.optimizer_ratio * params
   reference = params if work.reference else 0.0
   critic = (3 + model.optimizer_ratio) * params if work.critic else 0.0
@@ -360,8 +364,10 @@ def rank(plans: Iterable[Plan]) -> list[Plan]:
 
 def plan(cfg: ModelConfig, work: Workload, devices: int, device: DeviceSpec, *,
          remats: Iterable[str] = DEFAULT_REMATS, offload_optimizer: Iterable[bool] = (False,),
-         meshes: list[dict[str, int]] | None = None) -> list[Plan]:
-  """Every candidate (mesh x remat x optimiser placement), ranked."""
+         meshes: list[dict[str, int]] | None = None,
+         rules=sharding_lib.DEFAULT_RULES) -> list[Plan]:
+  """Every candidate (mesh x remat x optimiser placement), ranked; parameters laid out by the
+  logical-axis `rules`."""
   for remat in remats:
     if remat not in REMAT_POLICIES:
       raise ValueError(f"remat {remat!r}: must be one of {REMAT_POLICIES}")
@@ -369,7 +375,7 @@ def plan(cfg: ModelConfig, work: Workload, devices: int, device: DeviceSpec, *,
   if not meshes:
     raise ValueError(f"no mesh of {devices} devices suits this model")
   plans = [estimate(cfg, dataclasses.replace(work, offload_optimizer=offload), mesh, device,
-                    remat)
+                    remat, rules)
            for mesh in meshes for remat in remats for offload in offload_optimizer]
   return rank(plans)
 

@@ -55,6 +55,28 @@ DEFAULT_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("norm", ()),
     ("layers", ()),  # the stacked layers of a scan (models/transformer.py): never sharded
 )
+# The parameters' logical axes, whose rules a run's config may change (config.mesh.rules, as
+# MaxText's logical_axis_rules): "batch" follows the kernels' row axes, "length" is never split
+# (no context parallelism) and "layers" is scanned over, so those three stay as above.
+PARAM_AXES = ("vocab", "embed", "heads", "kv_heads", "index_heads", "mlp", "experts", "q_lora",
+              "kv_lora", "kv", "norm")
+
+
+def make_rules(overrides: Mapping[str, str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+  """DEFAULT_RULES with the parameter axes of `overrides` (logical axis -> comma-separated mesh
+  axes, in order; "" replicates) replaced. ValueError naming config.mesh.rules.<axis> for a
+  logical axis not in PARAM_AXES, an unknown mesh axis or one named twice."""
+  rules = dict(DEFAULT_RULES)
+  for name, value in overrides.items():
+    field = f"config.mesh.rules.{name}={value!r}"
+    if name not in PARAM_AXES:
+      raise ValueError(f"{field}: not a parameter axis; they are {', '.join(PARAM_AXES)}")
+    axes = tuple(a.strip() for a in value.split(",") if a.strip())
+    unknown = sorted(set(axes) - set(MESH_AXES))
+    if unknown or len(set(axes)) < len(axes):
+      raise ValueError(f"{field}: must name distinct mesh axes of {', '.join(MESH_AXES)}")
+    rules[name] = axes
+  return tuple(rules.items())
 
 
 def make_mesh(shape: dict[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:

@@ -13,6 +13,7 @@ import dataclasses
 
 import ml_collections
 
+from models import sharding as sharding_lib
 from models.config import get_config as get_model_config
 from rl.core import algorithms
 
@@ -58,10 +59,17 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
   # device count; --dry_run may plan more than there are) devices of `device_kind` ("": the
   # local kind; one of planner.DEVICES), keeping config.model.remat and
   # config.optim.offload_state.
+  # rules: each parameter axis -> the mesh axes it may be sharded over, comma-separated, in
+  # order ("" keeps it replicated; MaxText's logical_axis_rules). A dimension takes a mesh axis
+  # only when the axis has size > 1, divides it and is not used by another dimension of the
+  # same array (models/sharding.py). The trainer, SFT, evaluation, the rollout's weights, HF
+  # loading, the planner and the dry run all lay parameters out by them.
   c.mesh = ml_collections.ConfigDict(dict(
       shape=dict(data=-1, fsdp=1, expert=1, tensor=1),
       dcn=dict(data=1, fsdp=1, expert=1, tensor=1),
       auto=False, devices=0, device_kind="",
+      rules={name: ",".join(axes) for name, axes in sharding_lib.DEFAULT_RULES
+             if name in sharding_lib.PARAM_AXES},
   ))
 
   # The prompts (rl/data/): generated puzzles or prompt files, and how RL steps draw them.

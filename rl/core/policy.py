@@ -9,6 +9,7 @@ import ml_collections
 from flax import nnx
 
 from models import hf
+from models import sharding as sharding_lib
 import kernels
 from models.config import ModelConfig
 from models.transformer import Transformer
@@ -58,5 +59,6 @@ def build_policy(c: ml_collections.ConfigDict, mesh=None) -> Transformer:
   cfg = model_config(c)
   if c.init_hf_dir:
     return hf.load_pretrained(c.init_hf_dir, mesh=mesh,
+                              rules=sharding_lib.make_rules(c.mesh.rules),
                               **{f: getattr(cfg, f) for f in HF_FREE_FIELDS})
   return Transformer(cfg, rngs=nnx.Rngs(params=c.seed))

@@ -246,7 +246,7 @@ def load_policy_checkpoint(config, directory: str, step: int | None = None, mesh
       raise ValueError(f"{directory} step {step} holds {sorted(saved)}: neither an SFT "
                        "{'params'} nor an RL {'policy', 'rest'} state")
     _check_shapes(saved, target, directory, step)
-    abstract = _placed(target, mesh)
+    abstract = _placed(target, mesh, config.mesh.rules)
     restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
         item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
         partial_restore=True)))["state"]
@@ -289,7 +289,7 @@ def _check_shapes(saved, target: dict, directory: str, step: int) -> None:
                        "(config.model)")
 
 
-def _placed(target: dict, mesh) -> dict:
+def _placed(target: dict, mesh, rules: dict) -> dict:
   """`target` (abstract nnx states) as ShapeDtypeStructs with the shardings a restore fills:
   the first device, or on `mesh` the parameters by their logical axes and the rest
   replicated."""
@@ -306,7 +306,7 @@ def _placed(target: dict, mesh) -> dict:
     if key == "rest":
       return jax.tree.map(
           lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), state)
-    shardings = sharding_lib.state_shardings(state, mesh)
+    shardings = sharding_lib.state_shardings(state, mesh, sharding_lib.make_rules(rules))
     return jax.tree.map(
         lambda v, s: v.replace(jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype,
                                                     sharding=s)),

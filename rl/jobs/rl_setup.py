@@ -273,5 +273,5 @@ def rollout_sources(c: ml_collections.ConfigDict, tokenizer, placement: Placemen
   stream = StreamingRollout(
       train_cfg, StreamingConfig(on_policy_fraction=s.on_policy_fraction,
                                  max_staleness=s.max_staleness, round_tokens=s.round_tokens),
-      num_samples=samples, seed=c.seed, mesh=mesh)
+      num_samples=samples, seed=c.seed, mesh=mesh, rules=placement.rules)
   return StreamingSource(stream, num_groups=c.train.prompts_per_step), evaluation

@@ -65,6 +65,7 @@ def check_mesh(mesh: ml_collections.ConfigDict) -> None:
                      "device count)")
   if mesh.device_kind:
     allowed("mesh.device_kind", mesh.device_kind, sorted(planner.DEVICES))
+  sharding_lib.make_rules(mesh.rules)
 
 
 def check_devices(mesh: ml_collections.ConfigDict) -> None:
@@ -121,15 +122,17 @@ def best_mesh(config, devices: int, device: planner.DeviceSpec) -> planner.Plan:
   cfg = model_config(config)
   work = workload(config)
   return planner.plan(cfg, work, devices, device, remats=(cfg.remat,),
-                      offload_optimizer=(work.offload_optimizer,))[0]
+                      offload_optimizer=(work.offload_optimizer,),
+                      rules=sharding_lib.make_rules(config.mesh.rules))[0]
 
 
 class Placement:
   """A run's mesh and how its parameters, optimiser state and batches are laid out on it."""
 
-  def __init__(self, mesh: Mesh, plan=None):
+  def __init__(self, mesh: Mesh, plan=None, rules=sharding_lib.DEFAULT_RULES):
     self.mesh = mesh
     self.plan = plan  # the models/planner.py Plan the mesh came from (config.mesh.auto)
+    self.rules = rules  # logical axis -> mesh axes (config.mesh.rules)
     self.replicated = NamedSharding(mesh, PartitionSpec())
 
   @classmethod
@@ -148,7 +151,7 @@ class Placement:
     logging.info("mesh %s over %d %s device(s)",
                  {k: v for k, v in mesh.shape.items() if v > 1} or "(one device)", mesh.size,
                  mesh.devices.flat[0].platform)
-    return cls(mesh, plan)
+    return cls(mesh, plan, sharding_lib.make_rules(c.mesh.rules))
 
   @property
   def size(self) -> int:
@@ -166,7 +169,7 @@ class Placement:
 
   # ------------------------------------------------------------------ Parameters and state
   def param_shardings(self, params: Any) -> Any:
-    return sharding_lib.state_shardings(params, self.mesh)
+    return sharding_lib.state_shardings(params, self.mesh, self.rules)
 
   def put_params(self, params: Any) -> Any:
     """`params` (an nnx State, on any device or the host) laid out by their logical axes."""

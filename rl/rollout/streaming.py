@@ -95,13 +95,15 @@ class StreamingRollout:
   """A pool of partial generations tagged with policy versions; see the module docstring."""
 
   def __init__(self, cfg: engine.RolloutConfig, stream_cfg: StreamingConfig, *,
-               num_samples: int = 1, seed: int = 0, mesh=None):
+               num_samples: int = 1, seed: int = 0, mesh=None,
+               rules=sharding_lib.DEFAULT_RULES):
     if num_samples <= 0:
       raise ValueError(f"num_samples={num_samples}: must be positive")
     self.cfg = cfg
     self.stream_cfg = stream_cfg
     self.num_samples = num_samples
     self.mesh = mesh
+    self.rules = rules  # the trainer's logical-axis rules (config.mesh.rules)
     self._rng = jax.random.key(seed)
     self._next_uid = 0
     self._queue: collections.deque[_Group] = collections.deque()
@@ -209,7 +211,7 @@ class StreamingRollout:
     if num_groups <= 0:
       raise ValueError(f"num_groups={num_groups}: must be positive")
     if self.mesh is not None:
-      state = reshard_weights(state, self.mesh)
+      state = reshard_weights(state, self.mesh, self.rules)
     restarted = self._restart_stale(policy_version)
     while self._queue:
       group = self._queue.popleft()

@@ -77,6 +77,9 @@ DIFFICULTY = {"data.curriculum": "difficulty", "data.curriculum_window": 1,
 STAGED = {"data.curriculum": "staged", "data.curriculum_stages": "0:addition=1"}
 AUTO = {"mesh.auto": True, "mesh.devices": 8}
 MESH4 = {"mesh.devices": 4}
+TP2 = {**MESH4, "mesh.shape.tensor": 2}
+FSDP2 = {**MESH4, "mesh.shape.fsdp": 2}
+EP2 = {**MESH4, "mesh.shape.expert": 2}
 TOOLS = {"tools.enabled": True, "tools.environments": "trip_planning"}
 # A DPO job of 2 steps on the tiny base model, from planted preference files.
 PREFERENCE = {"job": "dpo", "preference.train_files": "{prefs}/train.jsonl",
@@ -274,6 +277,17 @@ PROBES = {
     "mesh.devices": ("mesh", 2, {}),
     "mesh.auto": ("mesh", True, {"mesh.devices": 8, "mesh.device_kind": "h100"}),
     "mesh.device_kind": ("mesh", "tpu_v5p", {**AUTO, "mesh.device_kind": "h100"}),
+    "mesh.rules.vocab": ("param_layout", "", TP2),
+    "mesh.rules.embed": ("param_layout", "", FSDP2),
+    "mesh.rules.heads": ("param_layout", "", TP2),
+    "mesh.rules.kv_heads": ("param_layout", "", {**TP2, **GQA}),
+    "mesh.rules.index_heads": ("param_layout", "", TP2),
+    "mesh.rules.mlp": ("param_layout", "", TP2),
+    "mesh.rules.experts": ("param_layout", "", EP2),
+    "mesh.rules.q_lora": ("param_layout", "tensor", TP2),
+    "mesh.rules.kv_lora": ("param_layout", "tensor", TP2),
+    "mesh.rules.kv": ("param_layout", "fsdp", FSDP2),
+    "mesh.rules.norm": ("param_layout", "tensor", TP2),
     "init_checkpoint": ("init", "{init_checkpoint}", {}),
     "init_hf_dir": ("init", "{hf_dir}", {"model.rope_interleave": True}),  # as exported
     "model.init_std": ("init", 0.5, {}),
@@ -686,6 +700,18 @@ def probe_mesh(c, workdir, res):
   from rl.parallel.placement import Placement
   mesh = Placement.from_config(c).mesh
   return [dict(mesh.shape), [d.id for d in mesh.devices.flat]]
+
+
+def probe_param_layout(c, workdir, res):
+  """How the trainer lays the policy's parameters out (Placement.param_shardings): each
+  parameter's PartitionSpec."""
+  from models import memory
+  from rl.core.policy import model_config
+  from rl.parallel.placement import Placement
+  _, params, _ = memory.abstract_model(model_config(c))
+  shardings = Placement.from_config(c).param_shardings(params)
+  return sorted((jax.tree_util.keystr(path), str(s.spec))
+                for path, s in jax.tree_util.tree_flatten_with_path(shardings)[0])
 
 
 def probe_init(c, workdir, res):

@@ -12,6 +12,7 @@ import pytest
 
 from launch import dry_run
 from models import planner
+from models import sharding as sharding_lib
 from rl.config.defaults import base_config
 from rl.core.policy import model_config
 from rl.config.validation import validate
@@ -64,12 +65,21 @@ def test_memory_estimate_counts_the_expert_exchange(preset, remat):
 
 
 def test_parameter_bytes_equal_the_dry_runs_partition_specs():
-  config = small_config("tiny_qwen3_moe", dict(data=1, fsdp=2, expert=2, tensor=2), "none")
-  r = dry_run.report(config, prompt_len=32, compile_step=False)
-  plan = planner.estimate(model_config(config), placement.workload(config, prompt_len=32),
-                          r["mesh_shape"], planner.DEVICES["h100"], "none")
-  assert plan.memory["params"] == r["param_bytes_per_device"]
-  assert plan.memory["optimizer"] == pytest.approx(r["optimizer_bytes_per_device"], abs=64)
+  """The planner's parameter and optimiser bytes per device are those of the dry run's
+  partition specs, under the default logical-axis rules and under a config's own
+  (config.mesh.rules), which lay the parameters out differently."""
+  params = []
+  for rules in ({}, {"embed": "", "mlp": "fsdp,tensor", "experts": ""}):
+    config = small_config("tiny_qwen3_moe", dict(data=1, fsdp=2, expert=2, tensor=2), "none")
+    config.mesh.rules.update(rules)
+    r = dry_run.report(config, prompt_len=32, compile_step=False)
+    plan = planner.estimate(model_config(config), placement.workload(config, prompt_len=32),
+                            r["mesh_shape"], planner.DEVICES["h100"], "none",
+                            rules=sharding_lib.make_rules(config.mesh.rules))
+    assert plan.memory["params"] == r["param_bytes_per_device"]
+    assert plan.memory["optimizer"] == pytest.approx(r["optimizer_bytes_per_device"], abs=64)
+    params.append(plan.memory["params"])
+  assert params[1] > params[0]
 
 
 def test_ranking_fits_first_then_faster_and_remat_trades_time_for_memory():

@@ -60,6 +60,21 @@ def test_mesh_config_errors_name_the_problem():
     sharding_lib.mesh_from_config({"fsdp": 3, "dcn": {"data": 2}})
 
 
+def test_logical_axis_rules_from_the_config():
+  """config.mesh.rules replace the parameter axes' rules and nothing else; a bad rule is
+  refused naming the field."""
+  rules = dict(sharding_lib.make_rules({"embed": "fsdp,data", "heads": ""}))
+  assert rules["embed"] == ("fsdp", "data") and rules["heads"] == ()
+  assert {k: v for k, v in rules.items() if k not in ("embed", "heads")} == {
+      k: v for k, v in sharding_lib.DEFAULT_RULES if k not in ("embed", "heads")}
+  with pytest.raises(ValueError, match=r"config.mesh.rules.batch='data': not a parameter axis"):
+    sharding_lib.make_rules({"batch": "data"})
+  with pytest.raises(ValueError, match=r"config.mesh.rules.mlp='tensr': must name distinct"):
+    sharding_lib.make_rules({"mlp": "tensr"})
+  with pytest.raises(ValueError, match=r"config.mesh.rules.mlp='tensor,tensor'"):
+    sharding_lib.make_rules({"mlp": "tensor,tensor"})
+
+
 def test_shard_model_init_creates_sharded_parameters():
   """shard_model_init gives every parameter the sharding its logical axes ask for on an
   expert4 x fsdp2 mesh, with the values of the unsharded build (same seed), and the result
