@@ -21,10 +21,9 @@ initialised by SFT on the search's correct paths D+ (O1-Coder section 3.3). Poli
 are measured before, after the D+ warm start and after RL. Tasks whose TCG cases the reference
 reproduces are graded on those cases. Everything is written to <workdir>/results.json, the
 TCG, PRM and policy to <workdir>/models/ (rl/o1_coder/selfplay.py load_model). Needs the
-sandbox (`bash launch/setup_sandbox.sh`).
+sandbox (`bash launch/setup_sandbox.sh`). The `o1` section's fields, defaults and meaning are
+rl/config/defaults.py base_config's; this recipe sets only what it changes.
 """
-
-import ml_collections
 
 from rl.config.defaults import base_config
 
@@ -46,44 +45,14 @@ def get_config(arg: str = ""):
   c.train.prompts_per_step = 8
   c.train.samples_per_prompt = 4
   c.train.log_every = 1
-  c.o1 = ml_collections.ConfigDict(dict(
-      heldout_fraction=0.25,  # of the generated tasks, never trained on
-      batch_size=16,  # SFT, DPO and PRM batches
-      # Test-case generator.
-      tcg_cases=3,
-      tcg_sft_steps=300,
-      tcg_dpo_steps=50,
-      tcg_dpo_lr=1e-4,  # higher rates push both responses down until no case parses
-      tests_per_task=4,  # trusted cases for tasks without valid TCG cases, and held-out tasks
-      # Bootstrap policy (templated paths), then its O1-Coder initialisation: SFT on the first
-      # search's correct paths D+.
-      sft_examples=2000,
-      sft_steps=400,
-      distractor_fraction=0.25,
-      dplus_sft_steps=100,
-      # Search.
-      iterations=1,
-      search_tasks=50,  # every training task (of the 67 generated, 17 are held out)
-      simulations=15,
-      exploration=1.0,  # the UCT constant c
-      branching=3,  # samples per action when a node is expanded
-      max_refines=1,
-      compile_weight=0.2,  # a in v = a * compiled + (1 - a) * pass_rate
-      search_prompt_len=192,
-      # PRM.
-      prm_mode="pairwise" if variant == "pairwise" else "pointwise",
-      prm_steps=400,
-      prm_heldout_fraction=0.25,  # of the trees
-      # Reward aggregation.
-      alpha_start=1.0,
-      alpha_end=0.5,
-      process_gamma=0.9,
-      eval_samples=2,  # sampled paths per training task for the sampled pass rate
-  ))
+  # config.o1 (rl/config/defaults.py) defaults to this recipe's pair-wise run: 50 search tasks
+  # are every training task (of the 67 generated, 17 are held out).
+  if variant != "pairwise":
+    c.o1.prm_mode = "pointwise"
   if variant == "test":
     c.train.steps = 2
     c.train.prompts_per_step = 4
     c.o1.update(tcg_sft_steps=20, tcg_dpo_steps=5, sft_examples=200, sft_steps=30,
-                dplus_sft_steps=5,
-                search_tasks=4, simulations=3, branching=2, prm_steps=10, eval_samples=1)
+                dplus_sft_steps=5, search_tasks=4, simulations=3, branching=2, prm_steps=10,
+                eval_samples=1)
   return c.lock()

@@ -229,4 +229,43 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
       # (rl/tool_use/demonstrations.py) for this many steps of config.sft.batch_size rows, lr.
       warm_start_steps=0,
   ))
+  # The O1-Coder pipeline on generated coding tasks (config.job "o1_coder";
+  # rl/o1_coder/selfplay.py run): a test-case generator, a bootstrap policy, then `iterations`
+  # rounds of MCTS search, a process reward model (PRM) fit and GRPO on the aggregated reward.
+  c.o1 = ml_collections.ConfigDict(dict(
+      heldout_fraction=0.25,  # fraction of the generated tasks held out (at least one)
+      batch_size=16,  # rows of every SFT, DPO and PRM step
+      # Test-case generator (TCG, rl/o1_coder/tcg.py).
+      tcg_cases=3,  # test cases the TCG writes per task
+      tcg_sft_steps=300,  # the TCG's SFT steps
+      tcg_dpo_steps=50,  # the TCG's DPO steps on matched vs shuffled-output cases
+      # The TCG's DPO learning rate: higher rates push both responses down until no case parses.
+      tcg_dpo_lr=1e-4,
+      tests_per_task=4,  # trusted cases for tasks without valid TCG cases, and held-out tasks
+      # Bootstrap policy (SFT on templated paths), then its O1-Coder initialisation: SFT on the
+      # first search's correct paths D+.
+      sft_examples=2000,  # templated plan -> refine -> code paths of the bootstrap SFT
+      sft_steps=400,  # the bootstrap policy's SFT steps
+      distractor_fraction=0.25,  # fraction of those paths consistent but wrong (trees branch)
+      dplus_sft_steps=100,  # the policy's SFT steps on D+ (first round)
+      # Search (rl/o1_coder/mcts.py, rl/o1_coder/reasoning.py).
+      iterations=1,  # rounds of search -> PRM fit -> RL
+      search_tasks=50,  # training tasks searched per round (at most the training tasks)
+      simulations=15,  # MCTS simulations per task
+      exploration=1.0,  # the UCT constant c
+      branching=3,  # samples per action when a node is expanded
+      max_refines=1,  # refine steps a path may take before its code
+      compile_weight=0.2,  # a in the terminal value v = a * compiled + (1 - a) * pass_rate
+      search_prompt_len=192,  # the search sampler's fixed prompt width in tokens
+      # PRM (rl/o1_coder/prm.py).
+      prm_mode="pairwise",  # "pairwise" (sibling steps ranked) or "pointwise" (BCE on values)
+      prm_steps=400,  # the PRM's optimiser steps
+      prm_heldout_fraction=0.25,  # fraction of the search trees held out (at least one)
+      # RL reward phi = alpha(t) R + (1 - alpha(t)) mean_j gamma^j r_j: outcome R and PRM step
+      # scores r_j, alpha(t) linear over each round's RL steps.
+      alpha_start=1.0,  # alpha at the first RL step (1: the outcome alone)
+      alpha_end=0.5,  # alpha at the last RL step
+      process_gamma=0.9,  # gamma: the discount of later steps' PRM scores
+      eval_samples=2,  # sampled paths per training task for the sampled pass rate
+  ))
   return c

@@ -38,9 +38,9 @@ from rl.tool_use import environments
 PREFERENCE_HEADS = {"bt_rm": "scalar", "genrm": "lm", "dpo": "lm"}
 JOBS = ("rl", "sft", "sft_rl", "o1_coder", *PREFERENCE_HEADS)
 TOKENIZERS_BUILTIN = ("byte",)  # models/tokenizer.py load_tokenizer
-# Sections a job adds beside the schema's, checked by that job's reader (o1: the O1-Coder
-# pipeline's settings, rl/o1_coder/selfplay.py).
-JOB_SECTIONS = {"o1_coder": ("o1",)}
+# config.o1.prm_mode: the PRM objectives of rl/o1_coder/prm.py train_prm (which takes them from
+# here: rl.config may not import rl.o1_coder).
+PRM_MODES = ("pointwise", "pairwise")
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
@@ -59,6 +59,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     _check_sft(c)
     _check_preference(c)
     _check_train(c)
+    _check_o1(c)
     placement.check_mesh(c.mesh)
     _check_streaming(c)
     check_hf_dir(c)
@@ -77,8 +78,7 @@ def check_fields(c: ml_collections.ConfigDict) -> None:
   config) or a section replaced by a dict of other keys. InputError naming the field and the
   closest field of the schema."""
   schema = leaves(base_config())
-  fields = {name for name in leaves(c)
-            if name.split(".")[0] not in JOB_SECTIONS.get(c.get("job"), ())}
+  fields = set(leaves(c))
   unknown, missing = sorted(fields - schema.keys()), sorted(schema.keys() - fields)
   if unknown:
     close = difflib.get_close_matches(unknown[0], list(schema), n=1)
@@ -242,3 +242,23 @@ def _check_train(c: ml_collections.ConfigDict) -> None:
         f"config.train.mini_batches={c.train.mini_batches} x micro_batches="
         f"{c.train.micro_batches} must divide the batch of {batch} sequences "
         f"(prompts_per_step x samples_per_prompt)")
+
+
+def _check_o1(c: ml_collections.ConfigDict) -> None:
+  """config.o1 (rl/o1_coder/selfplay.py run); search_tasks' upper bound, the training tasks left
+  after heldout_fraction, is checked there."""
+  o = c.o1
+  positive(o, "o1", "batch_size", "tcg_cases", "tcg_sft_steps", "tcg_dpo_steps", "tcg_dpo_lr",
+           "tests_per_task", "sft_examples", "sft_steps", "dplus_sft_steps", "search_tasks",
+           "simulations", "branching", "search_prompt_len", "prm_steps", "eval_samples")
+  non_negative(o, "o1", "iterations", "exploration", "max_refines")
+  # At least one task and one search tree are always held out: 1 would leave none to train on.
+  for f in ("heldout_fraction", "prm_heldout_fraction"):
+    if not 0 <= o[f] < 1:
+      raise ValueError(f"config.o1.{f}={o[f]!r}: must be in [0, 1)")
+  for f in ("distractor_fraction", "compile_weight", "alpha_start", "alpha_end"):
+    if not 0 <= o[f] <= 1:
+      raise ValueError(f"config.o1.{f}={o[f]!r}: must be in [0, 1]")
+  if not 0 < o.process_gamma <= 1:
+    raise ValueError(f"config.o1.process_gamma={o.process_gamma!r}: must be in (0, 1]")
+  allowed("o1.prm_mode", o.prm_mode, PRM_MODES)

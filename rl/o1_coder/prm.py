@@ -29,12 +29,11 @@ import optax
 from flax import nnx
 
 from models.tokenizer import pad_batch
+from rl.config.validation import PRM_MODES
 from rl.jobs.fitting import fit_objective
 from rl.jobs.preference import PreferencePair, bt_accuracy, padded_width, train_bt_rm
 from rl.rewards.genrm import BradleyTerryRM, at_last_token
 from rl.o1_coder.reasoning import ReasoningState, TaskProcessRecord
-
-PRM_MODES = ("pointwise", "pairwise")
 
 
 def step_context(record: TaskProcessRecord) -> str:

@@ -15,7 +15,9 @@ metric); a bootstrap policy fine-tuned on templated paths (the stand-in for a pr
 that can already write plan -> refine -> code steps, so the first search finds anything), pass
 rates before; then `config.o1.iterations` rounds of MCTS data synthesis, PRM fit and RL, where
 the first round also initialises the policy as O1-Coder section 3.3 does, by SFT on the
-search's correct paths D+; pass rates after, all written to <workdir>/results.json.
+search's correct paths D+; pass rates after, all written to <workdir>/results.json. Its settings
+are config.o1 (fields, defaults and meaning: rl/config/defaults.py base_config; ranges:
+rl/config/validation.py).
 
 The run saves its models under <workdir>/models/ (orbax): `tcg`, `prm` (the latest fit) and
 `policy` (after the D+ warm start and after each round's RL); `load_model` / `load_prm` read
@@ -430,7 +432,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict:
   t_start = time.perf_counter()
   tokenizer = load_tokenizer(c.tokenizer)
   train_tasks, heldout_tasks = split_tasks(c.seed, o.heldout_fraction)
-  if not 0 < o.search_tasks <= len(train_tasks):
+  if o.search_tasks > len(train_tasks):  # validate checked it is positive
     raise ValueError(f"config.o1.search_tasks={o.search_tasks}: must be in [1, "
                      f"{len(train_tasks)}] (the training tasks, heldout_fraction="
                      f"{o.heldout_fraction})")

@@ -12,6 +12,8 @@ The probes observe, from the default and the changed config:
   rollout  the lowered rollout engine of the Trainer's sampling and evaluation settings;
   sft      the lowered SFT steps, batches, checkpoint steps and log lines of rl/sft.run, with
            every jitted function of rl/jobs/sft.py lowered instead of run;
+  o1       the calls rl/o1_coder/selfplay.run makes to its stages (each replaced by a recorder)
+           and the results it writes;
   and host-side outputs of the code that reads the field (the Trainer's prompts, rewards,
   advantages, batches, generation batches, update loop, run loop, curriculum draws, stream,
   tool set-up, mesh, initial parameters, launcher dispatch).
@@ -19,6 +21,7 @@ A field that is read nowhere, or whose change changes nothing, fails its probe.
 """
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -87,6 +90,15 @@ PREFERENCE = {"job": "dpo", "preference.train_files": "{prefs}/train.jsonl",
               "sft.batch_size": 4}
 FILES = {"data.source": "files", "data.train_files": "{files}/train.jsonl",
          "data.heldout_files": "{files}/heldout.jsonl"}
+# An O1-Coder run (probe_o1). Self-play refuses a setting it does not read
+# (rl/o1_coder/selfplay.py refuse_unread), so BASE's trainer, data, mesh and SFT sizes and the
+# dapo recipe's RL features go back to their defaults; 4 search tasks leave training tasks to
+# spare for a larger o1.heldout_fraction.
+O1_READS = ("train.steps", "train.prompts_per_step", "train.samples_per_prompt")
+O1 = {"job": "o1_coder",
+      **{k: leaves(base_config())[k] for k in BASE if k not in O1_READS},
+      **{f"rl.{k}": v for k, v in algorithms.BASE.items()},
+      "o1.search_tasks": 4}
 
 # field: (probe, changed value, context applied to both the default and the changed run).
 PROBES = {
@@ -298,6 +310,33 @@ PROBES = {
     "preference.heldout_files": ("preference", "{prefs}/heldout2.jsonl", PREFERENCE),
     "preference.steps": ("preference", 3, PREFERENCE),
     "preference.beta": ("preference", 0.5, PREFERENCE),
+    # ------------------------------------------------- O1-Coder (rl/o1_coder/selfplay.py run)
+    "o1.heldout_fraction": ("o1", 0.4, O1),
+    "o1.batch_size": ("o1", 8, O1),
+    "o1.tcg_cases": ("o1", 2, O1),
+    "o1.tcg_sft_steps": ("o1", 20, O1),
+    "o1.tcg_dpo_steps": ("o1", 5, O1),
+    "o1.tcg_dpo_lr": ("o1", 1e-3, O1),
+    "o1.tests_per_task": ("o1", 2, O1),
+    "o1.sft_examples": ("o1", 100, O1),
+    "o1.sft_steps": ("o1", 30, O1),
+    "o1.distractor_fraction": ("o1", 0.5, O1),
+    "o1.dplus_sft_steps": ("o1", 5, O1),
+    "o1.iterations": ("o1", 2, O1),
+    "o1.search_tasks": ("o1", 8, O1),
+    "o1.simulations": ("o1", 3, O1),
+    "o1.exploration": ("o1", 2.0, O1),
+    "o1.branching": ("o1", 2, O1),
+    "o1.max_refines": ("o1", 2, O1),
+    "o1.compile_weight": ("o1", 0.5, O1),
+    "o1.search_prompt_len": ("o1", 128, O1),
+    "o1.prm_mode": ("o1", "pointwise", O1),
+    "o1.prm_steps": ("o1", 10, O1),
+    "o1.prm_heldout_fraction": ("o1", 0.5, O1),
+    "o1.alpha_start": ("o1", 0.8, O1),
+    "o1.alpha_end": ("o1", 1.0, O1),
+    "o1.process_gamma": ("o1", 0.5, O1),
+    "o1.eval_samples": ("o1", 1, O1),
 }
 
 # field: why no test here shows it live.
@@ -824,6 +863,90 @@ def probe_preference(c, workdir, res):
   from rl.jobs import preference_jobs
   metrics = preference_jobs.run(c, str(workdir))
   return {k: round(v, 6) for k, v in metrics.items() if not k.endswith("wall_s")}
+
+
+def probe_o1(c, workdir, res):
+  """rl/o1_coder/selfplay.run with every model, sandbox and search step replaced by a recorder:
+  the arguments each stage is called with (the TCG's and PRM's sizes and steps, a digest of each
+  SFT's data, the search sampler's and MCTS settings, every task's test count, each RL step's
+  alpha and gamma, the pass-rate samples, the models saved) and the results the run writes,
+  wall times left out. Seconds: nothing is built, compiled or run in the sandbox."""
+  from types import SimpleNamespace
+
+  from rl.o1_coder import prm as prm_lib, reasoning, selfplay, tcg
+  calls = []
+
+  def record(name, result):
+    """A stand-in recording its call (numbers and strings as they are, lists by length, other
+    objects by type) and returning `result` (or result(*args, **kw))."""
+    def recorder(*args, **kw):
+      calls.append((name, [a if isinstance(a, (int, float, str)) else
+                           len(a) if isinstance(a, (list, tuple)) else type(a).__name__
+                           for a in args], kw))
+      return result(*args, **kw) if callable(result) else result
+    return recorder
+
+  class Policy:  # SelfPlayPolicy: nothing built; records its pass-rate and RL-step calls
+    def __init__(self, model, tokenizer, config):
+      self.tokenizer = tokenizer
+      calls.append(("policy", model))
+
+    def model(self):
+      return "policy"
+
+    def pass_rate(self, tasks, grader, **kw):
+      calls.append(("pass_rate", len(tasks), kw))
+      return 0.5
+
+    def rl_step(self, tasks, grader, prm, *, alpha, gamma, rng):
+      calls.append(("rl_step", len(tasks), round(alpha, 6), gamma))
+      return {"loss": 0.0}
+
+  def finetune(model, tokenizer, pairs, **kw):
+    digest = hashlib.sha256(json.dumps(list(pairs)).encode()).hexdigest()
+    calls.append(("finetune", model, digest, kw))
+    return "finetuned", {"steps": kw["steps"]}
+
+  def synthesise(tasks, sampler, search_config, *, cases, **kw):
+    calls.append(("synthesise", len(tasks), repr(search_config),
+                  sorted(len(tests) for tests in cases.values()), kw))
+    return [SimpleNamespace(correct_paths=lambda: []) for _ in tasks]
+
+  # A process record per searched task and one correct path (D+), so every stage runs.
+  @dataclasses.dataclass(frozen=True)
+  class Row:
+    sibling_group: tuple
+
+  fake_rm = SimpleNamespace(graphdef=None, params=None, rest=None)
+  targets = {
+      (selfplay, "_model"): lambda config, *, head, seed: f"{head} model, seed {seed}",
+      (selfplay, "save_model"): lambda workdir, name, model, **kw: calls.append(
+          ("save_model", name, kw)),
+      (selfplay, "supervised_finetune"): finetune,
+      (selfplay, "SelfPlayPolicy"): Policy,
+      (tcg, "train_tcg"): record("train_tcg", ("tcg", {"dpo/tcg_pass_rate": 0.0})),
+      (tcg, "generate_cases"): lambda generator, tokenizer, tasks, **kw: [[] for _ in tasks],
+      (reasoning, "PolicySampler"): record("sampler", "sampler"),
+      (reasoning, "synthesise"): synthesise,
+      (reasoning, "process_dataset"): lambda tasks, trees: [Row((i, 0)) for i in
+                                                            range(len(tasks))],
+      (reasoning, "correct_paths"): lambda tasks, trees: [(tasks[0], "[plan] p")],
+      (prm_lib, "split_by_tree"): record("split_by_tree", lambda rows, *a: (rows, rows)),
+      (prm_lib, "train_prm"): record("train_prm", (SimpleNamespace(reward_model=fake_rm),
+                                                   {"heldout_pair_accuracy": 0.5})),
+  }
+  saved = {target: getattr(*target) for target in targets}
+  try:
+    for (module, name), fn in targets.items():
+      setattr(module, name, fn)
+    results = selfplay.run(c, str(workdir))
+  finally:
+    for (module, name), fn in saved.items():
+      setattr(module, name, fn)
+  results = json.loads(json.dumps(results))
+  results.pop("wall_s")
+  results["summary"].pop("wall_s")
+  return [json.dumps(calls, default=repr), results]
 
 
 OBSERVE = {name[len("probe_"):]: fn for name, fn in globals().items()

@@ -71,6 +71,7 @@ def test_demo_vapo_credits_the_whole_response():
     ("model.kernel_backend", "tpu",
      r"config.model.kernel_backend: no such field .*did you mean config.kernel_backend\?"),
     ("init_checkpoint", "/ckpt", r"config.init_checkpoint='/ckpt' with config.job='sft_rl'"),
+    ("o1.prm_mode", "listwise", r"config.o1.prm_mode='listwise': must be one of"),
 ])
 def test_bad_values_name_the_field(field, value, message):
   """validate() rejects a bad value with a message naming the field and what is allowed."""
@@ -117,6 +118,14 @@ NAN, INF = float("nan"), float("inf")
                                      r"than config.model.max_seq_len=256"),
     ("sft.max_len", 1000, r"config.sft.max_len=1000: must be in \[0, "
                           r"config.model.max_seq_len=256\]"),
+    ("o1.search_tasks", 0, r"config.o1.search_tasks=0: must be positive"),
+    ("o1.tcg_dpo_lr", NAN, r"config.o1.tcg_dpo_lr=nan: must be positive"),
+    ("o1.iterations", -1, r"config.o1.iterations=-1: must be >= 0"),
+    ("o1.heldout_fraction", 1.0, r"config.o1.heldout_fraction=1.0: must be in \[0, 1\)"),
+    ("o1.prm_heldout_fraction", NAN, r"config.o1.prm_heldout_fraction=nan: must be in \[0, 1\)"),
+    ("o1.compile_weight", 1.5, r"config.o1.compile_weight=1.5: must be in \[0, 1\]"),
+    ("o1.alpha_end", -0.1, r"config.o1.alpha_end=-0.1: must be in \[0, 1\]"),
+    ("o1.process_gamma", 0.0, r"config.o1.process_gamma=0.0: must be in \(0, 1\]"),
 ])
 def test_bad_numbers_name_the_field(field, value, message):
   """Values that would train on NaN, diverge, never save or delete every checkpoint, or
@@ -203,6 +212,8 @@ def get_config():
     ("c.mesh.shape = dict(data=-1, fsdp=1, expert=1, tensr=1)",
      r"^config.mesh.shape.tensr: .*did you mean config.mesh.shape.tensor\?"),
     ("c.mesh.shape = dict(data=-1, fsdp=1)", r"^config.mesh.shape.expert: missing"),
+    ("c.job = 'o1_coder'; c.o1.simulatons = 3",
+     r"^config.o1.simulatons: no such field .*did you mean config.o1.simulations\?$"),
 ])
 def test_config_file_typos_are_errors(tmp_path, line, message):
   """A config FILE is held to the schema (base_config's fields) like a --config override: a
