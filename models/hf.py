@@ -170,10 +170,8 @@ def _config_from_hf(hf: dict, dtype: str) -> ModelConfig:
                 tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
                 max_seq_len=hf.get("max_position_embeddings", 4096), dtype=dtype,
                 param_dtype=dtype, **_rope(hf))
-  try:
+  try:  # the attention kinds' readers raise ValueError (models/attention.py knows no files)
     fields.update(ATTENTION[family.switches["attention"]].hf_read(hf))
-  except CheckpointError:
-    raise
   except ValueError as e:
     raise CheckpointError(str(e)) from None
   fields.update(family.read(hf))
