@@ -49,13 +49,10 @@ class DecoderLayer(nnx.Module):
   def __call__(self, x, positions, mask, *, layer_cache=None, start=None, expert_ids=None,
                token_mask=None, kernel_backend="auto", moe_dispatch=None, indexer_stage=None,
                segment_ids=None):
-    extra = {} if indexer_stage is None else {"indexer_stage": indexer_stage,
-                                              "token_mask": token_mask}
-    if segment_ids is not None:
-      extra["segment_ids"] = segment_ids
     attn_in = remat_lib.tag(self.attn_norm(x), "attn_in")
-    attn_out, new_cache, attn_aux = self.attn(attn_in, positions, mask, layer_cache,
-                                              start, kernel_backend=kernel_backend, **extra)
+    attn_out, new_cache, attn_aux = self.attn(
+        attn_in, positions, mask, layer_cache, start, kernel_backend=kernel_backend,
+        indexer_stage=indexer_stage, token_mask=token_mask, segment_ids=segment_ids)
     x = x + remat_lib.tag(attn_out, "attn_out")
     h = remat_lib.tag(self.mlp_norm(x), "mlp_in")
     if self.is_moe:
