@@ -177,9 +177,12 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
       grad_clip=1.0,  # global-norm clip of each step's gradient (also the tool warm start)
       log_every=20,  # optimiser steps between progress lines
       checkpoint_every=200,  # optimiser steps between checkpoints (and one at the end)
-      # DSA models: weight of the indexer KL loss (0 leaves the indexer untrained), and the
-      # steps of dense attention (indexer fitted to it) before sparse training.
+      # DSA models: weight of the indexer KL loss (0 leaves the indexer untrained); steps of
+      # dense attention training the whole model, the indexer fitted alongside (a stand-in for
+      # the trained dense checkpoint DeepSeek-V3.2 starts from: 0 when starting from one); then
+      # steps of DeepSeek-V3.2's dense warm-up (everything but the indexer frozen); then sparse.
       indexer_coef=1.0,
+      dense_steps=0,
       dense_warmup_steps=200,
       # Generated addition / arithmetic only: the fraction of carrying/borrowing problems whose
       # worked solution forgets every carry, as an imperfect teacher's demonstrations would

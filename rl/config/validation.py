@@ -208,7 +208,7 @@ def _check_sft(c: ml_collections.ConfigDict) -> None:
   """config.sft (rl/jobs/sft.py; carry slips: rl/rewards/puzzles.py with_carry_slips)."""
   positive(c.sft, "sft", "batch_size", "epochs", "lr", "grad_clip", "log_every",
            "checkpoint_every")
-  non_negative(c.sft, "sft", "warmup_steps", "weight_decay")
+  non_negative(c.sft, "sft", "warmup_steps", "weight_decay", "dense_steps", "dense_warmup_steps")
   if not 0.0 <= c.sft.carry_slip_rate <= 1.0:
     raise ValueError(f"config.sft.carry_slip_rate={c.sft.carry_slip_rate}: must be in [0, 1]")
   if c.sft.carry_slip_rate and not (c.data.source == "puzzles" and (

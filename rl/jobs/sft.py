@@ -15,9 +15,13 @@ several examples share a row: each keeps positions from 0 and a segment id, so a
 DSA indexer's top-k stay inside its own document, and the packed loss is the sum of the separate
 examples' losses.
 
-DSA models start with `config.sft.dense_warmup_steps` of DeepSeek-V3.2's dense warm-up: dense
-attention, every parameter but the lightning indexers frozen, the indexers fitted to the
-attention by their KL loss; then sparse attention and the whole model trains.
+DSA models go through up to three stages. DeepSeek-V3.2 starts from a trained dense model; one
+trained here from scratch first gets `config.sft.dense_steps` of dense attention in which the
+whole model trains and the lightning indexers are fitted alongside by their KL loss (their
+inputs detached, so the LM loss does not reach them): "dense". Then
+`config.sft.dense_warmup_steps` of DeepSeek-V3.2's dense warm-up (eq. 3): dense attention, every
+parameter but the indexers frozen, the indexers fitted to the attention: "dense_warmup". Then
+sparse attention and the whole model trains: "sparse".
 """
 
 from __future__ import annotations
@@ -212,7 +216,8 @@ class _Stage:
       if stage == "dense_warmup":  # the main model frozen: no gradient reaches it
         params = freeze_outside_indexer(params)
       out = nnx.merge(graphdef, params, rest).forward(
-          batch["tokens"], indexer_stage=stage, token_mask=batch["token_mask"],
+          batch["tokens"], indexer_stage="dense_warmup" if stage == "dense" else stage,
+          token_mask=batch["token_mask"],
           positions=batch.get("positions"), segment_ids=batch.get("segment_ids"))
       loss = response_nll(out.logits, batch["tokens"], batch["loss_mask"])
       metrics = {}
@@ -250,12 +255,15 @@ class _Stage:
     return train_step, eval_sums
 
   def stage_at(self, step: int) -> str | None:
-    """DSA: a dense warm-up (dense attention, the indexer fitted to it), then sparse training
-    with the indexer loss restricted to its own top-k; None for non-DSA models."""
+    """DSA: dense training of the whole model, then the dense warm-up (the model frozen, the
+    indexer fitted to its dense attention), then sparse training with the indexer loss
+    restricted to its own top-k; None for non-DSA models."""
     s = self.c.sft
     if not self.model_cfg.dsa or not s.indexer_coef:
       return None
-    return "dense_warmup" if step < s.dense_warmup_steps else "sparse"
+    if step < s.dense_steps:
+      return "dense"
+    return "dense_warmup" if step < s.dense_steps + s.dense_warmup_steps else "sparse"
 
   def eval_loss(self) -> float:
     """The held-out response NLL per token of the current parameters."""

@@ -211,6 +211,7 @@ PROBES = {
     "sft.checkpoint_every": ("sft", 1, {"sft.batch_size": 4}),
     "sft.indexer_coef": ("sft", 0.5, {}),
     "sft.dense_warmup_steps": ("sft", 0, {}),
+    "sft.dense_steps": ("sft", 1, {}),
     "sft.carry_slip_rate": ("sft", 1.0, {}),
     # ---------------------------------------------------------------- Trainer, host side
     "seed": ("prompts", 1, {}),

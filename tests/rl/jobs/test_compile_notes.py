@@ -64,18 +64,21 @@ def test_trainer_says_it_compiles_the_rollout_update_and_eval_before_each(tmp_pa
 
 
 def test_sft_says_it_compiles_the_evaluation_and_each_stage(tmp_path, monkeypatch):
-  """A 3-step DSA SFT run (a dense warm-up step, then sparse ones): the held-out loss and each
-  stage's step are announced once, before the stage's first step."""
-  c = _tiny(**{"sft.epochs": 1, "sft.batch_size": 16, "sft.dense_warmup_steps": 1,
-               "sft.log_every": 1})
+  """A 3-step DSA SFT run (a dense step, a dense warm-up step, a sparse one): the held-out loss
+  and each stage's step are announced once, before the stage's first step."""
+  c = _tiny(**{"sft.epochs": 1, "sft.batch_size": 16, "sft.dense_steps": 1,
+               "sft.dense_warmup_steps": 1, "sft.log_every": 1})
   events = []
   _record_info(monkeypatch, sft, events)
   sft.run(c, str(tmp_path))
   compiles = [e for e in events if e.startswith("compiling")]
   assert compiles == ["compiling the SFT evaluation (held-out loss before training)...",
+                      "compiling the SFT step (dense)...",
                       "compiling the SFT step (dense_warmup)...",
                       "compiling the SFT step (sparse)..."]
   steps = [e for e in events if e.startswith("sft step")]
-  assert len(steps) == 3 and "[dense_warmup]" in steps[0] and "[sparse]" in steps[1]
-  assert events.index(compiles[1]) < events.index(steps[0])
-  assert events.index(steps[0]) < events.index(compiles[2]) < events.index(steps[1])
+  assert len(steps) == 3
+  for i, stage in enumerate(("dense", "dense_warmup", "sparse")):
+    assert f"[{stage}]" in steps[i]
+    assert events.index(steps[i - 1] if i else compiles[0]) < events.index(compiles[i + 1])
+    assert events.index(compiles[i + 1]) < events.index(steps[i])

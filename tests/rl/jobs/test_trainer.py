@@ -27,10 +27,10 @@ def small_config(algorithm="dapo", **overrides) -> ml_collections.ConfigDict:
   c.data.train_size = 48
   c.data.heldout_size = 64
   c.rollout.max_new_tokens = 16
-  # The dense warm-up trains only the DSA indexer: its steps do not count towards the LM's.
   c.sft.epochs = 70
   c.sft.batch_size = 16
-  c.sft.dense_warmup_steps = 10
+  c.sft.dense_steps = 10  # as the demo: dense steps of the whole model, then sparse ones
+  c.sft.dense_warmup_steps = 0
   c.sft.log_every = 1000
   c.train.steps = 3
   c.train.prompts_per_step = 4
@@ -333,8 +333,8 @@ def test_killed_run_resumes_to_the_same_result(demo_run, tmp_path):
 
 SMALL_FLAGS = ("--config.data.difficulty=0", "--config.data.train_size=48",
                "--config.data.heldout_size=64", "--config.rollout.max_new_tokens=16",
-               "--config.sft.epochs=60", "--config.sft.batch_size=16",
-               "--config.sft.dense_warmup_steps=40", "--config.train.steps=6",
+               "--config.sft.epochs=70", "--config.sft.batch_size=16",
+               "--config.sft.dense_steps=10", "--config.train.steps=6",
                "--config.train.prompts_per_step=4", "--config.train.samples_per_prompt=4",
                "--config.train.eval_every=0", "--config.train.checkpoint_every=1")
 
@@ -490,10 +490,12 @@ def test_mesh_needing_more_devices_than_there_are_is_refused(tmp_path):
 
 
 def test_sft_on_a_mesh_matches_one_device(tmp_path):
-  """Two SFT epochs (packed rows, DSA dense warm-up then sparse) with parameters and AdamW
-  state sharded over data x FSDP x tensor give the one-device losses (fp32, rel <= 1e-5)."""
+  """Two SFT epochs (packed rows, the DSA dense stage, warm-up and sparse stage) with parameters
+  and AdamW state sharded over data x FSDP x tensor give the one-device losses (fp32,
+  rel <= 1e-5)."""
   from rl.jobs import sft
-  overrides = {"sft.epochs": 2, "sft.dense_warmup_steps": 2, "sft.pack": True}
+  overrides = {"sft.epochs": 2, "sft.dense_steps": 1, "sft.dense_warmup_steps": 1,
+               "sft.pack": True}
   one = sft.run(small_config(**overrides), str(tmp_path / "one"))
   c = small_config(**overrides)
   c.mesh.devices = 8
