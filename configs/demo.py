@@ -36,13 +36,10 @@ def get_config(arg: str = "dapo"):
   c.sft.batch_size = 32
   c.sft.lr = 2e-3
   c.sft.carry_slip_rate = 0.7
-  # The policy is trained from scratch, so there is no dense checkpoint for DeepSeek-V3.2's
-  # frozen warm-up to fit the indexers to: its first 200 steps train the whole model with dense
-  # attention, the indexers fitted alongside (their inputs detached), and the remaining 1,800
-  # are sparse. A frozen warm-up here would fit the indexers to a random model's attention and
-  # take its steps from the LM's (seed 1 then missed the sum: README, "The demo").
-  c.sft.dense_steps = 200
-  c.sft.dense_warmup_steps = 0
+  # SFT's DSA stages are the library's defaults: no dense stage (sft.dense_steps 0), 200 steps
+  # of DeepSeek-V3.2's frozen warm-up, then sparse. With 200 dense steps instead, seeds 0-2
+  # learned from the launcher but seed 0 stalled under the test suite's numerics (README,
+  # "The demo's DSA stages").
   c.train.steps = 150
   c.train.prompts_per_step = 32
   c.train.samples_per_prompt = 8

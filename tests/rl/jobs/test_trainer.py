@@ -334,7 +334,8 @@ def test_killed_run_resumes_to_the_same_result(demo_run, tmp_path):
 SMALL_FLAGS = ("--config.data.difficulty=0", "--config.data.train_size=48",
                "--config.data.heldout_size=64", "--config.rollout.max_new_tokens=16",
                "--config.sft.epochs=70", "--config.sft.batch_size=16",
-               "--config.sft.dense_steps=10", "--config.train.steps=6",
+               "--config.sft.dense_steps=10", "--config.sft.dense_warmup_steps=0",
+               "--config.train.steps=6",
                "--config.train.prompts_per_step=4", "--config.train.samples_per_prompt=4",
                "--config.train.eval_every=0", "--config.train.checkpoint_every=1")
 
