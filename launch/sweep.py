@@ -23,7 +23,10 @@ with status 1.
 
 Then, and alone with --report_only, from the finished runs' metrics.jsonl (the RL stage's):
 <root>/sweep.md, a table with one row per grid point (the final held-out accuracy's mean and
-min-max over seeds, the seeds counted), <root>/sweep.json with the same and the per-seed values,
+min-max over seeds, the seeds counted, the mean over each run's evaluations (the area under
+its curve), the policy's entropy averaged over the steps and over the last 5; with
+--target=A also the steps and RL wall time to a held-out accuracy of A, over the seeds that
+reached it), <root>/sweep.json with the same and the per-seed values,
 and accuracy_vs_step.png, accuracy_vs_time.png (the RL stage's wall time, resumed legs added
 up; each evaluation at the seeds' mean time) and entropy_vs_step.png (the policy's token entropy during the updates): the mean over
 seeds as a line, min-max as a band. A "sft_rl" run's curves start at step 0 with the SFT
@@ -74,6 +77,10 @@ _SEEDS = cli.define(flags.DEFINE_string, "seeds", "0",
 _ROOT = cli.define(flags.DEFINE_string, "root", None, "Local directory holding one workdir per "
                    "run and the report (sweep.md, sweep.json, *.png).")
 _PARALLEL = cli.define(flags.DEFINE_integer, "parallel", 1, "Runs at once.", lower_bound=1)
+_TARGET = cli.define(
+    flags.DEFINE_float, "target", 0.0, "A held-out accuracy: the table adds each grid point's "
+    "steps and RL wall time to reach it (the first evaluation at or above it; 0: no column).",
+    lower_bound=0.0, upper_bound=1.0)
 _REPORT_ONLY = cli.define(flags.DEFINE_bool, "report_only", False, "Start no run: rebuild the "
                           "table and plots from the finished runs' workdirs.")
 
@@ -264,6 +271,10 @@ def read_curves(run: Run) -> dict:
           "wall_s": rows[-1].get("wall_s", float("nan")) if rows else float("nan")}
 
 
+def _mean(values: list[float]) -> float:
+  return sum(values) / len(values) if values else float("nan")
+
+
 def _spread(values: list[float]) -> dict:
   return {"mean": sum(values) / len(values), "min": min(values), "max": max(values)}
 
@@ -275,8 +286,15 @@ def _band(curves: list[dict]) -> dict:
   return {"x": steps, **{k: [p[k] for p in per_step] for k in ("mean", "min", "max")}}
 
 
-def summarise(runs: list[Run]) -> list[dict]:
-  """One entry per grid point over its finished runs (sweep.json's "points")."""
+def first_reaching(acc: dict, target: float) -> tuple[int, float] | None:
+  """(step, wall time) of the first evaluation at or above `target`; None if none is."""
+  return next(((step, t) for step, (a, t) in acc.items() if a >= target), None)
+
+
+def summarise(runs: list[Run], target: float = 0.0) -> list[dict]:
+  """One entry per grid point over its finished runs (sweep.json's "points"). With a `target`
+  accuracy, each point's "to_target": per seed the (step, wall time) of the first evaluation at
+  or above it (None: never), and the mean and min-max over the seeds that reached it."""
   points = []
   for name in dict.fromkeys(r.point for r in runs):
     mine = [r for r in runs if r.point == name]
@@ -293,7 +311,20 @@ def summarise(runs: list[Run]) -> list[dict]:
           final_step=max(list(c["acc"])[-1] for c in curves),
           wall_s=_spread([c["wall_s"] for c in curves]),
           acc_vs_step=_band([{s: a for s, (a, _) in c["acc"].items()} for c in curves]),
-          entropy_vs_step=_band([c["entropy"] for c in curves]))
+          entropy_vs_step=_band([c["entropy"] for c in curves]),
+          # held-out accuracy averaged over each run's evaluations: the area under its curve
+          mean_heldout_acc=_spread([sum(a for a, _ in c["acc"].values()) / len(c["acc"])
+                                    for c in curves]),
+          # the policy's token entropy averaged over each run's steps, and over its last 5
+          mean_entropy=_spread([_mean(list(c["entropy"].values())) for c in curves]),
+          final_entropy=_spread([_mean(list(c["entropy"].values())[-5:]) for c in curves]))
+      if target:
+        hits = {seed: first_reaching(c["acc"], target) for seed, c in done.items()}
+        reached = [h for h in hits.values() if h]
+        entry["to_target"] = {"target": target, "per_seed": hits, "reached": len(reached)}
+        if reached:
+          entry["to_target"].update(steps=_spread([h[0] for h in reached]),
+                                    wall_s=_spread([h[1] for h in reached]))
       # Against time, each evaluation sits at the seeds' mean wall time when it was taken.
       wall = _band([{s: t for s, (_, t) in c["acc"].items()} for c in curves])
       entry["acc_vs_time"] = {**entry["acc_vs_step"], "x": wall["mean"]}
@@ -301,19 +332,41 @@ def summarise(runs: list[Run]) -> list[dict]:
   return points
 
 
-def markdown(points: list[dict], command: str) -> str:
+def _target_cells(p: dict) -> list[str]:
+  """The table's steps-to-target and time-to-target cells: mean [min-max] over the seeds that
+  reached it, and how many did."""
+  hit = p["to_target"]
+  if not hit["reached"]:
+    return [f"not reached (0/{len(p['seeds'])})", "-"]
+  steps, wall = hit["steps"], hit["wall_s"]
+  return [f"{steps['mean']:.1f} [{steps['min']}-{steps['max']}] ({hit['reached']}/"
+          f"{len(p['seeds'])})", f"{wall['mean']:.0f} [{wall['min']:.0f}-{wall['max']:.0f}]"]
+
+
+def markdown(points: list[dict], command: str, target: float = 0.0) -> str:
+  header = ["grid point", "seeds", "held-out acc, mean", "min-max", "at step",
+            "held-out acc, mean over evaluations", "RL wall time, mean (s)",
+            "entropy, mean over steps", "entropy, last 5 steps"]
+  if target:
+    header += [f"steps to {target:g}", f"wall s to {target:g}"]
   lines = [f"Sweep: `{command}`", "",
-           "Final held-out accuracy (greedy) over the finished seeds: mean and min-max.", "",
-           "| grid point | seeds | held-out acc, mean | min-max | at step | RL wall time, mean (s) |",
-           "| --- | --- | --- | --- | --- | --- |"]
+           "Final held-out accuracy (greedy) over the finished seeds: mean and min-max."
+           + (f" Steps and RL wall time to a held-out accuracy of {target:g}: mean [min-max] over"
+              " the seeds that reached it (how many did)." if target else ""), "",
+           "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
   for p in points:
     seeds = f"{len(p['seeds'])}/{len(p['seeds_asked'])}"
     if not p["seeds"]:
-      lines.append(f"| {p['point']} | {seeds} | - | - | - | - |")
+      lines.append(f"| {p['point']} | {seeds} |" + " - |" * (len(header) - 2))
       continue
     acc = p["final_heldout_acc"]
-    lines.append(f"| {p['point']} | {seeds} | {acc['mean']:.3f} | {acc['min']:.3f}-"
-                 f"{acc['max']:.3f} | {p['final_step']} | {p['wall_s']['mean']:.0f} |")
+    cells = [p["point"], seeds, f"{acc['mean']:.3f}", f"{acc['min']:.3f}-{acc['max']:.3f}",
+             str(p["final_step"]), f"{p['mean_heldout_acc']['mean']:.3f}",
+             f"{p['wall_s']['mean']:.0f}", f"{p['mean_entropy']['mean']:.4f}",
+             f"{p['final_entropy']['mean']:.4f}"]
+    if target:
+      cells += _target_cells(p)
+    lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
 
@@ -343,12 +396,12 @@ def plot(points: list[dict], key: str, ylabel: str, xlabel: str, path: str) -> N
     f.write(png.getvalue())
 
 
-def report(runs: list[Run], root: str, command: str) -> list[dict]:
+def report(runs: list[Run], root: str, command: str, target: float = 0.0) -> list[dict]:
   """Writes sweep.md, sweep.json and the plots under `root`; the points."""
-  points = summarise(runs)
+  points = summarise(runs, target)
   os.makedirs(root, exist_ok=True)
   with open(os.path.join(root, "sweep.md"), "w") as f:
-    f.write(markdown(points, command))
+    f.write(markdown(points, command, target))
   with open(os.path.join(root, "sweep.json"), "w") as f:
     json.dump({"command": command, "spread": "min-max over the finished seeds",
                "points": points}, f, indent=1)
@@ -384,7 +437,7 @@ def main(argv):
       runs, lambda run: train_command(run, config_arg, overrides), _PARALLEL.value)
   command = shlex.join(["python", "launch/sweep.py"] +
                        [a for a in sys.argv[1:] if a != "--report_only"])
-  points = report(runs, root, command)
+  points = report(runs, root, command, _TARGET.value)
   done = sum(len(p["seeds"]) for p in points)
   logging.info("%d of %d runs finished; table in %s", done, len(runs),
                os.path.join(root, "sweep.md"))

@@ -87,6 +87,10 @@ def base_config(*, preset: str = "tiny_moe_mla_dsa", algorithm: str = "grpo",
       train_size=2000,  # generated training problems
       heldout_size=200,  # generated held-out problems (evaluation only)
       heldout_seed=10_000,  # a different generator seed: held-out problems never trained on
+      # Generator seed of the training problems (puzzles, tool tasks); -1: config.seed. Runs of
+      # other seeds from one SFT checkpoint set it to the SFT run's seed, so every run trains
+      # and evaluates on the SFT stage's problems (its held-out set stays unseen).
+      train_seed=-1,
       prompt_template="plain",  # a template of rl/data/templates.py ("chat": the chat template)
       # How RL steps draw prompts (rl/data/curriculum.py PromptCurriculum): "" uniform;
       # "difficulty" raises a generated task's level once its accuracy averages >= threshold

@@ -22,7 +22,16 @@ def check_data(data: ml_collections.ConfigDict) -> None:
   allowed("data.task", data.task, sorted(puzzles.TASKS))
   allowed("data.prompt_template", data.prompt_template, templates.TEMPLATES)
   positive(data, "data", "train_size", "heldout_size")
+  if data.train_seed < -1:
+    raise ValueError(f"config.data.train_seed={data.train_seed}: must be >= 0, or -1 for "
+                     "config.seed")
   curriculum.check_curriculum(data)
+
+
+def train_seed(c: ml_collections.ConfigDict) -> int:
+  """The generator seed of the training problems: config.data.train_seed, or config.seed when
+  it is -1."""
+  return c.seed if c.data.train_seed == -1 else c.data.train_seed
 
 
 def load_entries(c: ml_collections.ConfigDict,
@@ -42,7 +51,7 @@ def load_entries(c: ml_collections.ConfigDict,
     rm_graders.check_record_domains(train + heldout, c.reward.graders)
     train_where, heldout_where = stats.locations, heldout_stats.locations
   else:
-    train = puzzles.make(c.data.task, size=c.data.train_size, seed=c.seed,
+    train = puzzles.make(c.data.task, size=c.data.train_size, seed=train_seed(c),
                          difficulty=c.data.difficulty)
     heldout = puzzles.make(c.data.task, size=c.data.heldout_size, seed=c.data.heldout_seed,
                            difficulty=c.data.difficulty)

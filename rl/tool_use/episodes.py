@@ -14,6 +14,7 @@ from absl import logging
 
 from models.padding import round_up
 from rl.core import train_step as ts
+from rl.data.entries import train_seed
 from rl.rewards import sandbox
 from rl.rollout import engine as rollout_lib
 from rl.rollout.sources import Rollout
@@ -55,7 +56,7 @@ class ToolEpisodes:
     """(train, held-out) entries; held-out tasks come from another seed, minus any question
     also in the training set."""
     c = self.config
-    train = environments.make_entries(self.names, c.data.train_size, c.seed)
+    train = environments.make_entries(self.names, c.data.train_size, train_seed(c))
     seen = {e["prompt"] for e in train}
     heldout = [e for e in environments.make_entries(self.names, c.data.heldout_size,
                                                     c.data.heldout_seed)

@@ -226,6 +226,7 @@ PROBES = {
     "data.train_size": ("prompts", 12, {}),
     "data.heldout_size": ("prompts", 4, {}),
     "data.heldout_seed": ("prompts", 7, {}),
+    "data.train_seed": ("prompts", 5, {}),
     "data.prompt_template": ("prompts", "think", {}),
     "model.max_seq_len": ("prompts", 30, {"rollout.max_new_tokens": 8, **FILES}),
     "rl.reward_mode": ("score", "verify", {}),

@@ -64,6 +64,7 @@ def test_demo_vapo_credits_the_whole_response():
     ("train.micro_batches", 7, r"config.train.mini_batches=1 x micro_batches=7"),
     ("job", "pretrain", r"config.job='pretrain'"),
     ("seed", -1, r"config.seed=-1: must be >= 0"),
+    ("data.train_seed", -2, r"config.data.train_seed=-2: must be >= 0, or -1"),
     ("mesh.shape.fsdp", 0, r"config.mesh.shape.fsdp=0: must be positive or -1"),
     ("mesh.dcn.data", -1, r"config.mesh.dcn.data=-1: must be >= 1"),
     ("kernel_backend", "cuda", r"config.kernel_backend='cuda': must be one of"),

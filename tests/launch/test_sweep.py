@@ -160,8 +160,13 @@ def test_sweep_runs_resumes_skips_and_reports(tmp_path):
   table = open(os.path.join(root, "sweep.md")).read()
   rows = [line for line in table.splitlines() if line.startswith("| rl.clip_high=")]
   # Final held-out accuracy of the fake: (seed + 3) / 10, so 0.3 and 0.4 over seeds 0 and 1.
-  assert rows == ["| rl.clip_high=0.2 | 2/2 | 0.350 | 0.300-0.400 | 3 | 6 |",
-                  "| rl.clip_high=0.28 | 2/2 | 0.350 | 0.300-0.400 | 3 | 6 |"]
+  # Its mean over the evaluations: (0.1 + 0.2 + 0.3) / 3 and (0.2 + 0.3 + 0.4) / 3, 0.25 over
+  # the seeds. Its entropy is 1/step: (1 + 1/2 + 1/3) / 3 = 0.6111 averaged over the steps (all
+  # three are the last 5).
+  assert rows == ["| rl.clip_high=0.2 | 2/2 | 0.350 | 0.300-0.400 | 3 | 0.250 | 6 | 0.6111 | "
+                  "0.6111 |",
+                  "| rl.clip_high=0.28 | 2/2 | 0.350 | 0.300-0.400 | 3 | 0.250 | 6 | 0.6111 | "
+                  "0.6111 |"]
   saved = json.load(open(os.path.join(root, "sweep.json")))
   assert saved["points"] == json.loads(json.dumps(points))
   curve = saved["points"][0]["acc_vs_step"]
@@ -171,6 +176,26 @@ def test_sweep_runs_resumes_skips_and_reports(tmp_path):
   assert saved["points"][0]["acc_vs_time"]["x"] == [2.0, 4.0, 6.0]
   for png in sweep.PLOTS:
     assert open(os.path.join(root, png), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_steps_to_a_target_count_only_the_seeds_that_reach_it(tmp_path):
+  """--target: the first evaluation at or above it, per seed (step and wall time); the table's
+  mean and min-max are over the seeds that reached it, and says how many did."""
+  script = tmp_path / "fake_train.py"
+  script.write_text(FAKE_TRAINER)
+  runs = sweep.plan(DEMO, TINY, "", [0, 1, 2], str(tmp_path))
+  sweep.execute(runs, fake_command(script), parallel=1)
+  # The fake's held-out accuracy is (seed + step) / 10 at steps 1-3: seed 0 never reaches 0.35,
+  # seed 1 reaches it at step 3 (wall 6 s), seed 2 at step 2 (wall 4 s).
+  (point,) = sweep.report(runs, str(tmp_path), "cmd", target=0.35)
+  assert point["to_target"]["per_seed"] == {0: None, 1: (3, 6.0), 2: (2, 4.0)}
+  assert point["to_target"]["steps"] == {"mean": 2.5, "min": 2, "max": 3}
+  row = [line for line in open(tmp_path / "sweep.md") if line.startswith("| base |")]
+  assert row == ["| base | 3/3 | 0.400 | 0.300-0.500 | 3 | 0.300 | 6 | 0.6111 | 0.6111 | "
+                 "2.5 [2-3] (2/3) | 5 [4-6] |\n"]
+  (never,) = sweep.report(runs, str(tmp_path), "cmd", target=0.9)
+  assert never["to_target"]["reached"] == 0
+  assert "| not reached (0/3) | - |" in open(tmp_path / "sweep.md").read()
 
 
 def test_report_counts_only_finished_seeds(tmp_path):

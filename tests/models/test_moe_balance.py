@@ -66,7 +66,7 @@ def small_sft_config(rate: float, coef: float) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict(demo.get_config().to_dict())
   c.model.router_bias_rate, c.model.router_aux_loss_coef = rate, coef
   c.data.train_size, c.data.heldout_size = 256, 64
-  c.sft.update(epochs=8, batch_size=16, dense_warmup_steps=20, log_every=1000)
+  c.sft.update(epochs=8, batch_size=16, dense_steps=0, dense_warmup_steps=20, log_every=1000)
   c.mesh.devices = 1
   validate(c)
   return c

@@ -1,6 +1,7 @@
 """Learning gates: the demo's promise (RL visibly beats its SFT start) checked by running it.
 
-The fast gates are the demo shortened to 25 RL steps, one per recipe on the model card: DAPO,
+The fast gates are the demo command, as a user runs it (launch/train.py in its own process, one
+CPU device), shortened to 25 RL steps, one per recipe on the model card: DAPO,
 VAPO (its 10 value-pretraining steps included) and DeepSeek-V3.2's GRPO, each with the same
 verifier and from one SFT stage, which the first gate trains and the others find finished (the
 demo's cold start: most of the gates' time). They fail when learning breaks (a flipped
@@ -14,11 +15,7 @@ import os
 import subprocess
 import sys
 
-import ml_collections
 import pytest
-
-from configs import demo
-from rl.jobs import sft_then_rl
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
@@ -28,13 +25,22 @@ GATE_RL_STEPS = {"dapo": 25, "vapo": 25, "grpo_v32": 25}
 GATE_MIN_GAIN = 0.10
 
 
-def gate_config(algorithm: str = "dapo", seed: int = 0) -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict(demo.get_config(algorithm).to_dict())
-  c.seed = seed
-  c.train.steps = GATE_RL_STEPS[algorithm]
-  c.train.eval_every = 0
-  c.train.checkpoint_every = c.train.steps
-  return c
+def launcher_env() -> dict:
+  """The environment a user's `python launch/train.py` runs in: one CPU device, jax's default
+  matmul precision (this suite's conftest sets 8 host devices and "highest" precision, and the
+  demo's SFT lands elsewhere under those numerics: README, "The demo's DSA stages")."""
+  return dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+
+
+def train(workdir, algorithm: str, *flags: str) -> dict:
+  """`python launch/train.py --config=configs/demo.py:<algorithm> <flags> --workdir=<workdir>`
+  in the launcher's environment; its results.json."""
+  subprocess.run([sys.executable, os.path.join(REPO_ROOT, "launch", "train.py"),
+                  "--config=" + os.path.join(REPO_ROOT, "configs", "demo.py") + ":" + algorithm,
+                  *flags, f"--workdir={workdir}"],
+                 check=True, timeout=3600, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                 env=launcher_env())
+  return json.loads((workdir / "results.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +51,17 @@ def gate_workdir(tmp_path_factory):
 
 
 def run_gate(algorithm: str, workdir) -> dict:
-  """The demo pipeline of `algorithm` in <workdir>/<algorithm>, its `sft` stage the shared one."""
+  """The demo command of `algorithm`, shortened to GATE_RL_STEPS, in <workdir>/<algorithm>, its
+  `sft` stage the shared one."""
   own = workdir / algorithm
   own.mkdir()
   (workdir / "sft").mkdir(exist_ok=True)
   os.symlink(workdir / "sft", own / "sft")
+  steps = GATE_RL_STEPS[algorithm]
   # The shared SFT stage was run under the first gate's config: the others differ in their
   # RL sections, which a resume refuses unless allowed (rl/jobs/checkpoint.save_run_config).
-  return sft_then_rl.run_sft_then_rl(gate_config(algorithm), str(own), allow_config_change=True)
+  return train(own, algorithm, f"--config.train.steps={steps}", "--config.train.eval_every=0",
+               f"--config.train.checkpoint_every={steps}", "--allow_config_change")
 
 
 @pytest.mark.parametrize("algorithm", list(GATE_RL_STEPS))
@@ -70,11 +79,6 @@ def test_demo_command_meets_its_bar(algorithm, seed, tmp_path):
   """`python launch/train.py --config=configs/demo.py:<algorithm> --config.seed=N`: the RL
   checkpoint reaches >= 0.80 held-out greedy accuracy and >= 15 points over its own SFT
   checkpoint."""
-  workdir = tmp_path / "demo"
-  subprocess.run([sys.executable, os.path.join(REPO_ROOT, "launch", "train.py"),
-                  "--config=" + os.path.join(REPO_ROOT, "configs", "demo.py") + ":" + algorithm,
-                  f"--config.seed={seed}", f"--workdir={workdir}"],
-                 check=True, timeout=3600, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-  results = json.loads((workdir / "results.json").read_text())
+  results = train(tmp_path, algorithm, f"--config.seed={seed}")
   assert results["rl_heldout_acc"] >= 0.80, results
   assert results["rl_heldout_acc"] >= results["sft_heldout_acc"] + 0.15, results
