@@ -40,8 +40,8 @@ def get_config(arg: str = "dapo"):
   # trains, the indexers fitted alongside) stand in for the trained dense checkpoint
   # DeepSeek-V3.2 starts from, and the frozen warm-up that fits the indexers to a trained
   # model's attention is skipped: with the library's default (200 frozen steps on the random
-  # model, no dense stage) seeds 0 and 1 missed the transition the sum is learned in (README,
-  # "The demo's DSA stages").
+  # model, no dense stage) seeds 0 and 1 missed the transition the sum is learned in
+  # (docs/demo.md, "The DSA stages").
   c.sft.dense_steps = 200
   c.sft.dense_warmup_steps = 0
   c.train.steps = 150
@@ -66,7 +66,7 @@ def get_config(arg: str = "dapo"):
     # of tokens; on the demo's ~15 it gives lam_policy = 0 (clamped) for every response, so each
     # token's advantage is the critic's one-step TD error and the outcome reaches only the last
     # token. The critic never explained more than ~2% of the return variance here, and with
-    # lam 0 the run collapsed after ~55 steps (responses ran to the length limit: README). At
+    # lam 0 the run collapsed after ~55 steps (responses ran to the length limit: docs/demo.md). At
     # alpha = 1 the horizon is the whole response (lam 0.93 at 15 tokens).
     c.rl.length_adaptive_alpha = 1.0
   return c.lock()

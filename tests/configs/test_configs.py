@@ -48,7 +48,7 @@ def test_demo_variants(variant):
 def test_demo_vapo_credits_the_whole_response():
   """On the demo's responses (10-20 tokens), VAPO's length-adaptive lambda_policy is 0.9 or
   more (0.89: float32 rounding): with the paper's alpha = 0.05 it was clamped to 0 below 20 tokens, leaving every token
-  but the last to the critic's one-step TD error, and the run collapsed (README, "The demo")."""
+  but the last to the critic's one-step TD error, and the run collapsed (docs/demo.md, "VAPO")."""
   from rl.core.advantages import length_adaptive_lambda
   config = load(os.path.join(ROOT, "configs", "demo.py"), "vapo")
   lam = length_adaptive_lambda([10, 15, 20], alpha=config.rl.length_adaptive_alpha)

@@ -28,7 +28,7 @@ GATE_MIN_GAIN = 0.10
 def launcher_env() -> dict:
   """The environment a user's `python launch/train.py` runs in: one CPU device, jax's default
   matmul precision (this suite's conftest sets 8 host devices and "highest" precision, and the
-  demo's SFT lands elsewhere under those numerics: README, "The demo's DSA stages")."""
+  demo's SFT lands elsewhere under those numerics: docs/demo.md, "The DSA stages")."""
   return dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
 
 
