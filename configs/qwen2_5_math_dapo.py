@@ -19,8 +19,8 @@ naming the field; the dry run does not need it). Prompt files hold one record pe
 `prompt` (the problem text; the "dapo" template adds DAPO-Math-17k's instruction) and `answer`
 (rl/data/sources.py); DAPO-Math-17k's parquet stores the instruction inside a chat message and
 the answer in reward_model.ground_truth, so flatten it to those two fields first. Held-out:
-AIME 2024 from the pinned eval sets (rl/data EVAL_DIR: ../shared/data/eval beside the
-checkout, or $SEEDRL_EVAL_DIR).
+AIME 2024 from the pinned eval sets (rl/data EVAL_DIR: rl/data/eval, or
+$SEEDRL_EVAL_DIR).
 
 Parameters are float32 (bf16 compute): at lr 1e-6 an Adam step is far below half a bfloat16 ulp
 of a typical weight, so bfloat16 parameters would not move.

@@ -26,13 +26,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 
 from launch import cli  # noqa: E402
+from rl.data import EVAL_DIR  # noqa: E402
 from rl.rewards import math as math_reward  # noqa: E402
 from rl.rewards import math_answer  # noqa: E402
 
-_DEFAULT_EVAL_DIR = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "shared", "data", "eval")
-_EVAL_DIR = flags.DEFINE_string("eval_dir", _DEFAULT_EVAL_DIR, "Folder of math500_test.jsonl.")
+_EVAL_DIR = flags.DEFINE_string("eval_dir", EVAL_DIR, "Folder of math500_test.jsonl.")
 _NUM_WORKERS = flags.DEFINE_integer("num_workers", 2, "math-verify worker processes.")
 _TIMEOUT_S = flags.DEFINE_float("timeout_s", math_reward.DEFAULT_TIMEOUT_S,
                                 "Hard limit per math-verify call.")

