@@ -57,7 +57,10 @@ def _scores_kernel(offset_ref, q_ref, k_ref, w_ref, out_ref, *, heads: int, leng
   if causal:
     allowed = allowed & (key_pos <= query_pos)
     # No key of this tile is visible to any of its queries: skip the GEMMs.
-    live_heads = jnp.where(l_block * block_l <= first_query + block_q - 1, heads, 0)
+    # (A product, not jnp.where(visible, heads, 0): jax 0.11's Triton lowering materialises
+    # the select's integer literals as i1, and the loop below then fails to verify on a GPU.)
+    visible = l_block * block_l <= first_query + block_q - 1
+    live_heads = heads * visible.astype(jnp.int32)
   keys = k_ref[...]  # [bl, DI]
 
   def head(h, acc):

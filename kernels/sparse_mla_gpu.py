@@ -46,6 +46,21 @@ from kernels.vjp import Tiling, attention_with_vjp, launch_params
 # Enough programs to fill an H100 (132 SMs) about twice before splitting the index lists.
 _TARGET_PROGRAMS = 264
 
+# A Triton program must fit a Hopper SM's shared memory: at most 227 KiB per block on an H100
+# or H200 (the first H200 run failed "out of resources" on both passes at 64 heads x 64 rows).
+# Shared memory of the lowered kernels at DeepSeek-V3.2's width (d_v 512 + rope 64), compiled
+# for sm_90 by triton 3.6 (8 warps, 2 stages; 2026-11-28, on the CPU host):
+#   forward   bf16 64 heads x 64 rows 216 KiB;  fp32 64 x 64 305 KiB, 32 x 32 148 KiB;
+#   backward  bf16 64 x 64 409 KiB, 32 x 32 136 KiB;  fp32 32 x 32 216 KiB, 16 x 32 148 KiB.
+# The largest (heads, rows) tile each pass takes by default, per operand byte width; the
+# backward never takes a larger one than its forward.
+_FORWARD_TILE = {2: (64, 64), 4: (32, 32)}
+_BACKWARD_TILE = {2: (32, 32), 4: (16, 32)}
+
+
+def _tile(table: dict, dtype) -> tuple[int, int]:
+  return table.get(jnp.dtype(dtype).itemsize, table[4])
+
 
 def _dot(a: jax.Array, b: jax.Array, *, trans_a: bool = False, trans_b: bool = False):
   """a @ b (optionally transposed operands) with fp32 accumulation; fp32 inputs in IEEE fp32
@@ -233,6 +248,9 @@ def _backward(q, kv, indices, out, lse, dout, dlse, t: _Tiling):
   batch, steps, heads, dim = q.shape
   length = kv.shape[1]
   d_rope = dim - t.d_v
+  most_h, most_k = _tile(_BACKWARD_TILE, q.dtype)
+  t = dataclasses.replace(t, block_h=min(t.block_h, most_h), block_k=min(t.block_k, most_k))
+  indices = _pad_axis(indices, 2, t.block_k, -1)
   unique, mult = dedupe_indices(indices)
   nchunks = _chunk_counts(unique, t.block_k)
   finite = jnp.isfinite(lse)
@@ -271,10 +289,10 @@ def _backward(q, kv, indices, out, lse, dout, dlse, t: _Tiling):
 _attend = attention_with_vjp(_forward, _backward)
 
 
-def default_block_h(heads: int) -> int:
-  """64 heads per program at scale; fewer heads pad up to a power of two >= 16 (the smallest
-  M of a Triton dot)."""
-  return min(64, max(16, pl.next_power_of_2(heads)))
+def default_block_h(heads: int, dtype=jnp.bfloat16) -> int:
+  """64 heads per program at scale in bf16 (32 in fp32: `_FORWARD_TILE`); fewer heads pad up
+  to a power of two >= 16 (the smallest M of a Triton dot)."""
+  return min(_tile(_FORWARD_TILE, dtype)[0], max(16, pl.next_power_of_2(heads)))
 
 
 def default_num_splits(batch: int, steps: int, heads: int, topk: int, *, block_h: int,
@@ -314,7 +332,7 @@ def tuned_launch(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: floa
 
 
 def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float, d_v: int,
-               interpret: bool = False, block_h: int | None = None, block_k: int = 64,
+               interpret: bool = False, block_h: int | None = None, block_k: int | None = None,
                num_splits: int | None = None, num_warps: int = 8, num_stages: int = 2,
                block_config: str = "default") -> tuple[jax.Array, jax.Array]:
   """Sparse MLA (contract of `kernels.reference.sparse_mla`), differentiable in q and kv.
@@ -324,7 +342,9 @@ def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float,
     scale, d_v: softmax scale and value width (V = kv[..., :d_v]; D - d_v is the rope part).
     interpret: run the Pallas kernels in interpret mode (CPU tests).
     block_h: heads per program (default `default_block_h`); heads are zero-padded to it.
-    block_k: index-list chunk per step (rows gathered at once).
+    block_k: index-list chunk per step (rows gathered at once; default 64 in bf16, 32 in
+      fp32). The backward pass takes at most 32 heads x 32 rows (16 x 32 in fp32), which
+      fit a Hopper SM's shared memory (`_BACKWARD_TILE`).
     num_splits: index-list partitions per token in the forward (default
       `default_num_splits`: 1 for prefill, more for decode).
     num_warps, num_stages: Triton launch parameters (ignored in interpret mode).
@@ -342,7 +362,8 @@ def sparse_mla(q: jax.Array, kv: jax.Array, indices: jax.Array, *, scale: float,
   block_h, block_k = launch["block_h"], launch["block_k"]
   num_warps, num_stages = launch["num_warps"], launch["num_stages"]
   dtype = jnp.promote_types(q.dtype, kv.dtype)
-  block_h = block_h or default_block_h(heads)
+  block_h = block_h or default_block_h(heads, dtype)
+  block_k = block_k or _tile(_FORWARD_TILE, dtype)[1]
   if num_splits is None:
     num_splits = default_num_splits(batch, steps, heads, indices.shape[-1], block_h=block_h,
                                     block_k=block_k)

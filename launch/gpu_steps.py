@@ -116,14 +116,32 @@ def step_env(rec: Recorder, smoke: bool) -> None:
                        ) if _on_path("nvidia-smi") else None
   rec.row(what="nvidia-smi", value=smi.stdout.strip() if smi and smi.returncode == 0
           else "not available")
+  # $SEEDRL_COMMIT, set by the calling session, wins: a device machine's copy of the
+  # checkout can carry a .git older than its working tree (seen on the first H200 run).
   commit = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True, check=False
                           ) if _on_path("git") else None
-  rec.row(what="commit", value=commit.stdout.strip() if commit and commit.returncode == 0
-          else "unknown (no git checkout here: name it from the calling session)")
+  rec.row(what="commit", value=os.environ.get("SEEDRL_COMMIT") or (
+      commit.stdout.strip() + " (the device copy's .git)" if commit and commit.returncode == 0
+      else "unknown (no git checkout here: name it from the calling session)"))
   if not smoke and jax.default_backend() != "gpu":
     raise RuntimeError(f"jax runs on {jax.default_backend()}, not a GPU: every timing after "
                        "this would be a CPU's")
+
+
+def printable(text: str, limit: int = 400) -> str:
+  """The readable lines of an error (Triton and XLA errors can embed a module's bytecode),
+  joined and cut to `limit` characters."""
+  lines = [line.strip() for line in str(text).splitlines()]
+  lines = [line for line in lines if line and "\\x" not in line and line.isprintable()]
+  return " | ".join(lines)[:limit]
+
+
+def output_tail(proc: subprocess.CompletedProcess, lines: int = 40) -> str:
+  """The last `lines` readable lines of a finished subprocess's stdout and stderr."""
+  text = [line for line in (proc.stdout + "\n" + proc.stderr).splitlines()
+          if "\\x" not in line and line.isprintable()]
+  return "\n".join(text[-lines:])
 
 
 def _on_path(program: str) -> bool:
@@ -157,7 +175,7 @@ def step_pytest(rec: Recorder, smoke: bool) -> None:
     cmd.append("--collect-only")
   print("  " + " ".join(cmd), flush=True)
   proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
-  print(proc.stdout[-6000:] + proc.stderr[-3000:], flush=True)
+  print(output_tail(proc, 80), flush=True)
   if smoke:
     collected = [line for line in proc.stdout.splitlines() if "::" in line]
     for test in collected:
@@ -173,8 +191,11 @@ def step_pytest(rec: Recorder, smoke: bool) -> None:
                       if child.tag in ("failure", "error", "skipped")), "passed")
       outcome = "failed" if outcome == "failure" else outcome
       outcomes[outcome] += 1
+      problem = next((child for child in case if child.tag in ("failure", "error")), None)
       rec.row(test=f"{case.get('classname')}::{case.get('name')}", outcome=outcome,
-              seconds=float(case.get("time", 0)))
+              seconds=float(case.get("time", 0)),
+              **({"error": printable(problem.get("message") or problem.text or "")}
+                 if problem is not None else {}))
   rec.note(f"pytest exit {proc.returncode}: " + ", ".join(f"{v} {k}" for k, v in
                                                           outcomes.items()))
   if proc.returncode != 0 or outcomes["skipped"] or not outcomes["passed"]:
@@ -246,9 +267,12 @@ def _is_oom(error: Exception) -> bool:
 
 
 def run_dsa_shape(rec: Recorder, shape: DSAShape, backend: str, iters: int, key,
-                  peak_tflops: float | None, tolerance: float, min_agreement: float) -> None:
+                  peak_tflops: float | None, tolerance: float,
+                  min_agreement: float) -> list[str]:
   """Times the kernels (`backend`) and the plain-jnp reference at `shape` in bf16 and checks
-  the kernels against an fp32 reference on a subset (first rows / queries)."""
+  the kernels against an fp32 reference on a subset (first rows / queries). A kernel that
+  fails to compile or run, or is off the reference, gets a row with its error and the next
+  op runs; returns those failures."""
   import jax
   import jax.numpy as jnp
   import kernels
@@ -298,26 +322,47 @@ def run_dsa_shape(rec: Recorder, shape: DSAShape, backend: str, iters: int, key,
     rec.row(shape=s.name, op="sparse_mla", path="kernel",
             note=f"n/a: Triton tiles need d_v and the rope width ({s.d_v}, {s.d_rope}) to be "
                  "powers of two >= 16; 'auto' runs the reference here")
+  failures = []
+
+  def attempt(op, label, run) -> None:
+    """run(); a kernel's exception is recorded and counted, a reference's out-of-memory is a
+    finding (the jnp path cannot hold that shape), any other reference error is raised."""
+    try:
+      run()
+    except Exception as e:
+      if label == "kernel":
+        rec.row(shape=s.name, op=op, path=label, note="failed", error=printable(e))
+        failures.append(f"{s.name} {op}: {printable(e, 200)}")
+      elif _is_oom(e):
+        rec.row(shape=s.name, op=op, path=label, note=f"out of memory: {printable(e, 200)}")
+      else:
+        raise
+
+  def check(err):
+    if err > tolerance:
+      raise AssertionError(f"error {err:.3g} > {tolerance} (relative to the fp32 reference)")
+
   for label, path in paths:
     forward, backward = jax.jit(mla(path)), jax.jit(fwd_bwd(path))
-    try:
-      fwd_err = relative_error(forward(q, kv, idx)[:rows, :cols], truth_out)
+
+    def run_forward(forward=forward, label=label):
+      err = relative_error(forward(q, kv, idx)[:rows, :cols], truth_out)
       record("sparse_mla fwd", label, bench_dsa.timed(forward, q, kv, idx, iters=iters),
-             fwd_flop, err=fwd_err)
-      grad_err = 0.0
-      if trained:
-        grad_err = max(relative_error(g, t) for g, t in zip(backward(*sub), truth_grads))
-        record("sparse_mla fwd+bwd", label, bench_dsa.timed(backward, q, kv, idx, dout,
-                                                            iters=iters),
-               fwd_flop + bwd_flop, err=grad_err)
-    except Exception as e:  # the reference path may not fit: that is a finding, not a failure
-      if label == "kernel" or not _is_oom(e):
-        raise
-      rec.row(shape=s.name, op="sparse_mla", path=label, note=f"out of memory: {e!s:.200}")
-      continue
-    if label == "kernel" and max(fwd_err, grad_err) > tolerance:
-      raise AssertionError(f"{s.name}: sparse_mla kernel error fwd {fwd_err:.3g}, grads "
-                           f"{grad_err:.3g} > {tolerance} (relative to the fp32 reference)")
+             fwd_flop, err=err)
+      if label == "kernel":
+        check(err)
+
+    def run_backward(backward=backward, label=label):
+      err = max(relative_error(g, t) for g, t in zip(backward(*sub), truth_grads))
+      record("sparse_mla fwd+bwd", label, bench_dsa.timed(backward, q, kv, idx, dout,
+                                                          iters=iters),
+             fwd_flop + bwd_flop, err=err)
+      if label == "kernel":
+        check(err)
+
+    attempt("sparse_mla fwd", label, run_forward)
+    if trained:
+      attempt("sparse_mla fwd+bwd", label, run_backward)
 
   tile_ok = s.index_dim >= 16 and s.index_dim & (s.index_dim - 1) == 0  # as kernels' dispatch
   index_backend = backend if tile_ok else "reference"
@@ -331,18 +376,17 @@ def run_dsa_shape(rec: Recorder, shape: DSAShape, backend: str, iters: int, key,
       continue
     index = jax.jit(lambda q, k, w, o, path=path: kernels.lightning_indexer(
         q, k, w, topk=s.topk, q_offset=o, backend=path)[0])
-    try:
+
+    def run_index(index=index, label=label):
       agreement = set_agreement(index(q_i, k_i, w_i, offset)[:rows, :cols], want)
       record("indexer", label, bench_dsa.timed(index, q_i, k_i, w_i, offset, iters=iters),
              index_flop, set_agreement=agreement)
-    except Exception as e:
-      if label == "kernel" or not _is_oom(e):
-        raise
-      rec.row(shape=s.name, op="indexer", path=label, note=f"out of memory: {e!s:.200}")
-      continue
-    if label == "kernel" and agreement < min_agreement:
-      raise AssertionError(f"{s.name}: indexer kernel picks {agreement:.4f} of the reference's "
-                           f"keys (< {min_agreement})")
+      if label == "kernel" and agreement < min_agreement:
+        raise AssertionError(f"picks {agreement:.4f} of the reference's keys "
+                             f"(< {min_agreement})")
+
+    attempt("indexer", label, run_index)
+  return failures
 
 
 def step_dsa(rec: Recorder, smoke: bool) -> None:
@@ -362,9 +406,13 @@ def step_dsa(rec: Recorder, smoke: bool) -> None:
            f"set_agreement: share of the fp32 reference's top-k keys picked; the kernel fails "
            f"below {min_agreement}")
   key = jax.random.key(0)
+  failures = []
   for shape in dsa_shapes(smoke):
     key, sub = jax.random.split(key)
-    run_dsa_shape(rec, shape, backend, 1 if smoke else 10, sub, peak, tolerance, min_agreement)
+    failures += run_dsa_shape(rec, shape, backend, 1 if smoke else 10, sub, peak, tolerance,
+                              min_agreement)
+  if failures:
+    raise RuntimeError(f"{len(failures)} kernel op(s) failed: " + "; ".join(failures))
 # ---------------------------------------------------------------------------- 4. demo
 
 # The demo shortened as CI's learning gate is (tests/rl/jobs/test_learning.py): the full SFT
@@ -391,9 +439,10 @@ def step_demo(rec: Recorder, smoke: bool) -> None:
   start = time.perf_counter()
   proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
   wall = time.perf_counter() - start
-  print(proc.stdout[-3000:] + proc.stderr[-3000:], flush=True)
+  print(output_tail(proc), flush=True)
   if proc.returncode != 0:
-    raise RuntimeError(f"the demo exited {proc.returncode} after {wall:.0f} s")
+    raise RuntimeError(f"the demo exited {proc.returncode} after {wall:.0f} s: "
+                       + printable(output_tail(proc, 3), 300))
   with open(os.path.join(workdir, "results.json")) as f:
     results = json.load(f)
   rec.row(form="smoke" if smoke else "SFT 2,000 steps, RL 25 steps (CI's learning gate)",
@@ -459,19 +508,32 @@ def step_rollout(rec: Recorder, smoke: bool) -> None:
 
 # --------------------------------------------------------------------------- 6. train
 
+TRAIN_MODELS_ENV = "SEEDRL_GPU_TRAIN_MODELS"  # e.g. "qwen2.5-1.5b": measure only these
+
+
 def train_shapes(smoke: bool) -> list[tuple[str, dict, int, int]]:
-  """(preset, ModelConfig overrides, batch, sequence length) of each update measured."""
+  """(preset, ModelConfig overrides, batch, sequence length) of each update measured: the
+  0.5B and 1.5B shapes, or those $SEEDRL_GPU_TRAIN_MODELS names (comma-separated; a rerun
+  that has the time for one only)."""
   if smoke:
     return [("qwen2.5-0.5b", dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, mlp_dim=128,
                                   vocab_size=512), 2, 32)]
-  return [("qwen2.5-0.5b", {}, 8, 1024), ("qwen2.5-1.5b", {}, 8, 1024)]
+  shapes = [("qwen2.5-0.5b", {}, 8, 1024), ("qwen2.5-1.5b", {}, 8, 1024)]
+  wanted = [name for name in os.environ.get(TRAIN_MODELS_ENV, "").split(",") if name]
+  unknown = sorted(set(wanted) - {shape[0] for shape in shapes})
+  if unknown:
+    raise ValueError(f"${TRAIN_MODELS_ENV}: unknown model(s) {unknown}; "
+                     f"choose from {[shape[0] for shape in shapes]}")
+  return [shape for shape in shapes if not wanted or shape[0] in wanted]
 
 
 def step_train(rec: Recorder, smoke: bool) -> None:
   """One RL (DAPO) policy update of launch/bench_train.py per shape, beside a plain PyTorch
-  forward-backward-AdamW step of the same HF model at the same batch and length (the
-  torch_train step, in its own process, run first so that each framework has the device to
-  itself): step time, tokens/s, MFU against the spec-sheet peak."""
+  forward-backward-AdamW step of the same HF model at the same batch and length: step time,
+  tokens/s, MFU against the spec-sheet peak. Every PyTorch step (torch_train, each in its own
+  process) runs before this process touches the device, so each framework has the device to
+  itself: jax's allocator keeps what it took (105 GiB after the 0.5B update on the first
+  H200 run, and the 1.5B PyTorch step after it ran out of memory)."""
   from launch import bench_train
   from models import flops as flops_lib
   from models.config import get_config
@@ -479,20 +541,25 @@ def step_train(rec: Recorder, smoke: bool) -> None:
   rec.note(f"MFU: models.flops.train_flops (6 x matmul params x tokens + causal attention) / "
            f"step time / {peak} TFLOP/s (spec sheet, bf16 dense); mfu_measured_peak: against "
            "launch/bench_train.py's best jitted matmul on this device")
-  for preset, overrides, batch, seq_len in train_shapes(smoke):
-    cfg = get_config(preset, **overrides)
-    model_flops = flops_lib.train_flops(cfg, [seq_len] * batch)["total"]
+  shapes = train_shapes(smoke)
+  torch_steps = {}
+  for preset, overrides, batch, seq_len in shapes:
     torch_json = os.path.join(tempfile.mkdtemp(prefix="gpu_check_torch_"), "torch.json")
     proc = subprocess.run(
         [sys.executable, "-m", "launch.gpu_steps", "torch_train", f"--out={torch_json}",
          f"--preset={preset}", f"--overrides={json.dumps(overrides)}", f"--batch={batch}",
          f"--seq_len={seq_len}"] + (["--smoke"] if smoke else []),
         cwd=REPO_ROOT, capture_output=True, text=True, check=False)
-    print(proc.stdout[-3000:] + proc.stderr[-3000:], flush=True)
+    print(output_tail(proc), flush=True)
     if proc.returncode != 0:
-      raise RuntimeError(f"the PyTorch step on {preset} exited {proc.returncode}")
+      raise RuntimeError(f"the PyTorch step on {preset} exited {proc.returncode}: "
+                         + printable(output_tail(proc, 3), 300))
     with open(torch_json) as f:
-      step_s = json.load(f)["step_time_s"]
+      torch_steps[preset] = json.load(f)["step_time_s"]
+  for preset, overrides, batch, seq_len in shapes:
+    model_flops = flops_lib.train_flops(get_config(preset, **overrides),
+                                        [seq_len] * batch)["total"]
+    step_s = torch_steps[preset]
     rec.row(model=preset, system="pytorch (eager, AdamW)", batch=batch, seq_len=seq_len,
             step_ms=step_s * 1e3, tokens_per_s=batch * seq_len / step_s,
             mfu=model_flops / step_s / (peak * 1e12) if peak else None)
