@@ -5,7 +5,8 @@
 # registry), then runs every step and writes OUT_DIR/results.json, results.md and steps.log.
 # Exits 1 when any step failed, 2 when a package is missing.
 #
-#   bash launch/gpu_check.sh OUT_DIR                                  # every step, ~8 minutes
+#   bash launch/gpu_check.sh OUT_DIR --steps=env,pytest,dsa,demo      # the first of two calls
+#   bash launch/gpu_check.sh OUT_DIR --steps=env,rollout,train        # the second
 #   bash launch/gpu_check.sh OUT_DIR --steps=rollout --budgets=rollout:300 --total=320
 #   bash launch/gpu_check.sh OUT_DIR --smoke                          # tiny sizes, CPU, no wheels
 set -uo pipefail

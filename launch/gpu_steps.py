@@ -20,6 +20,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -171,13 +172,23 @@ def step_pytest(rec: Recorder, smoke: bool) -> None:
   xml = os.path.join(tempfile.mkdtemp(prefix="gpu_check_pytest_"), "junit.xml")
   cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-rA",
          f"--junitxml={xml}", *files]
-  if smoke:
-    cmd.append("--collect-only")
+  cmd.append("--collect-only" if smoke else "-v")
   print("  " + " ".join(cmd), flush=True)
-  proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
-  print(output_tail(proc, 80), flush=True)
+  # Streamed, and each verdict recorded as it comes: a step stopped at its time limit still
+  # shows which tests finished (the second H200 run's pytest step ran out of time silently).
+  proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+  lines = []
+  for line in proc.stdout:
+    lines.append(line)
+    if "\\x" not in line and line.rstrip().isprintable():
+      print(line, end="", flush=True)
+    verdict = re.match(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED)", line)
+    if verdict and not smoke:
+      rec.row(test=verdict.group(1), outcome=verdict.group(2).lower(), seconds=None)
+  proc.wait()
   if smoke:
-    collected = [line for line in proc.stdout.splitlines() if "::" in line]
+    collected = [line for line in lines if "::" in line]
     for test in collected:
       rec.row(test=test.strip(), outcome="collected")
     if proc.returncode != 0 or not collected:
@@ -186,6 +197,7 @@ def step_pytest(rec: Recorder, smoke: bool) -> None:
     return
   outcomes = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
   if os.path.exists(xml):
+    rec.rows.clear()  # the report's rows replace the streamed ones
     for case in ET.parse(xml).getroot().iter("testcase"):
       outcome = next((child.tag for child in case
                       if child.tag in ("failure", "error", "skipped")), "passed")

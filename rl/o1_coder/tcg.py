@@ -98,8 +98,9 @@ def generate_cases(model, tokenizer, tasks: Sequence[CodingTask], *, max_new_tok
 
 
 def tcg_metric(tasks: Sequence[CodingTask], generated: Sequence[Sequence[tuple[str, str]]], *,
-               workers: int = 2) -> dict[str, float]:
-  """Runs each task's reference solution on its generated inputs in the sandbox.
+               workers: int = 2, timeout_s: float = 5.0) -> dict[str, float]:
+  """Runs each task's reference solution on its generated inputs in the sandbox, each case
+  under a `timeout_s` wall-clock limit (sandbox start and Python start-up included).
 
   Returns `tcg_pass_rate` (generated cases whose output the reference reproduces / generated
   cases), `cases_per_task` (parsed cases per task) and `tasks_all_valid` (tasks with at least
@@ -110,7 +111,7 @@ def tcg_metric(tasks: Sequence[CodingTask], generated: Sequence[Sequence[tuple[s
   results = code_reward.grade_batch(
       [task.reference_solution for task, _ in with_cases],
       [code_reward.CodeProblem(tests=tuple(code_reward.StdioTest(stdin, stdout)
-                                           for stdin, stdout in cases), timeout_s=2.0)
+                                           for stdin, stdout in cases), timeout_s=timeout_s)
        for _, cases in with_cases], workers=workers) if with_cases else []
   passed = sum(result.num_passed for result in results)
   return {"tcg_pass_rate": passed / total if total else 0.0,

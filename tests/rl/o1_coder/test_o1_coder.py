@@ -2,6 +2,7 @@
 generated tasks and the path format, D_process and sibling pairs, the PRM, the test-case
 generator's data and metric, the aggregated reward, and the model-backed search problem."""
 
+import functools
 import math
 
 import jax
@@ -269,14 +270,16 @@ def test_tcg_format_and_preference_pairs():
 
 @needs_sandbox
 def test_tcg_metric_in_sandbox():
-  """The reference reproduces matched cases (metric 1) and no shuffled ones (metric 0)."""
+  """The reference reproduces matched cases (metric 1) and no shuffled ones (metric 0). The
+  wall-clock limit is generous: a loaded CI host once took over 2 s to start one case."""
   tasks = [tasks_lib.CodingTask("int", "product", 1), tasks_lib.CodingTask("string", "repeat", 2)]
   matched = [t.test_cases(2, seed=5) for t in tasks]
   shuffled = [tcg.shuffled_outputs(cases, np.random.default_rng(0)) for cases in matched]
-  assert tcg.tcg_metric(tasks, matched) == {"tcg_pass_rate": 1.0, "cases_per_task": 2.0,
-                                            "tasks_all_valid": 1.0}
-  assert tcg.tcg_metric(tasks, shuffled)["tcg_pass_rate"] == 0.0
-  assert tcg.tcg_metric(tasks, [[], matched[1]])["cases_per_task"] == 1.0
+  metric = functools.partial(tcg.tcg_metric, timeout_s=60.0)
+  assert metric(tasks, matched) == {"tcg_pass_rate": 1.0, "cases_per_task": 2.0,
+                                    "tasks_all_valid": 1.0}
+  assert metric(tasks, shuffled)["tcg_pass_rate"] == 0.0
+  assert metric(tasks, [[], matched[1]])["cases_per_task"] == 1.0
 
 
 # ----------------------------------------------------------------------------- PRM
