@@ -32,6 +32,7 @@ from kernels import autotune, indexer, reference, sparse_mla_gpu, sparse_mla_tpu
 BACKENDS = ("auto", "reference", "interpret", "gpu", "tpu")
 ROW_AXES = ("data", "fsdp", "expert")  # the mesh axes a batch's rows split over
 HEAD_AXIS = "tensor"
+DECODE_INDEXER_MIN_QUERIES = 16  # fewer queries per row: "auto" runs the indexer's reference
 
 
 _target_platform: str | None = None
@@ -145,6 +146,12 @@ def lightning_indexer(q: jax.Array, k: jax.Array, w: jax.Array, *, topk: int,
   a query selects keys of its own segment only. `block_config` as for `sparse_mla`."""
   autotune.check_block_config(block_config)
   gpu_ok = _power_of_two_16(q.shape[-1])
+  if backend == "auto" and q.shape[1] < DECODE_INDEXER_MIN_QUERIES:
+    # Fewer queries per row than the kernel's smallest query tile leave most of each tile's
+    # GEMM idle: at DeepSeek-V3.2's decode shape (one query, 32K keys, 64 x 128 heads) the
+    # Triton kernel took 7.47 ms and the reference 1.49 ms on an H200 (docs/gpu.md), so
+    # "auto" takes the reference there on a GPU.
+    gpu_ok = False
   backend = _resolve(backend, gpu_ok, f"the indexer head width {q.shape[-1]}")
   if backend == "reference":
     return reference.lightning_indexer(q, k, w, topk=topk, causal=causal, q_offset=q_offset,

@@ -291,6 +291,24 @@ def test_dispatch(seed):
     kernels.lightning_indexer(q[..., :24], kv[..., :24], w, topk=2, backend="gpu")
 
 
+def test_auto_indexer_on_a_gpu_takes_the_reference_for_decode(seed):
+  """"auto" on a GPU: the Triton indexer for a chunk of queries, the reference below the
+  kernel's smallest query tile (decode, where the kernel measured 5x slower: docs/gpu.md)."""
+  rng = np.random.default_rng(seed)
+  k = jnp.asarray(rng.normal(size=(1, 64, 16)), jnp.float32)
+
+  def lowered_to_pallas(steps):
+    q = jnp.asarray(rng.normal(size=(1, steps, 2, 16)), jnp.float32)
+    w = jnp.ones(q.shape[:3])
+    with kernels.target_platform("gpu"):
+      jaxpr = jax.make_jaxpr(functools.partial(kernels.lightning_indexer, topk=4,
+                                               q_offset=64 - steps))(q, k, w)
+    return "pallas_call" in str(jaxpr)
+  assert not lowered_to_pallas(1)
+  assert not lowered_to_pallas(kernels.DECODE_INDEXER_MIN_QUERIES - 1)
+  assert lowered_to_pallas(kernels.DECODE_INDEXER_MIN_QUERIES)
+
+
 @pytest.mark.slow
 def test_sparse_mla_interpret_at_scale_shapes(seed):
   """Slow: 64-head blocks (two of them), the 512 + 64 split and a 256-long list with a ragged
