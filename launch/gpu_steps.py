@@ -130,18 +130,20 @@ def step_env(rec: Recorder, smoke: bool) -> None:
                        "this would be a CPU's")
 
 
+def readable(line: str) -> bool:
+  """False for a line of escaped bytes: Triton and XLA errors can embed a module's bytecode."""
+  return "\\x" not in line and line.rstrip("\n").isprintable()
+
+
 def printable(text: str, limit: int = 400) -> str:
-  """The readable lines of an error (Triton and XLA errors can embed a module's bytecode),
-  joined and cut to `limit` characters."""
+  """The readable, non-empty lines of an error, joined and cut to `limit` characters."""
   lines = [line.strip() for line in str(text).splitlines()]
-  lines = [line for line in lines if line and "\\x" not in line and line.isprintable()]
-  return " | ".join(lines)[:limit]
+  return " | ".join(line for line in lines if line and readable(line))[:limit]
 
 
 def output_tail(proc: subprocess.CompletedProcess, lines: int = 40) -> str:
   """The last `lines` readable lines of a finished subprocess's stdout and stderr."""
-  text = [line for line in (proc.stdout + "\n" + proc.stderr).splitlines()
-          if "\\x" not in line and line.isprintable()]
+  text = [line for line in (proc.stdout + "\n" + proc.stderr).splitlines() if readable(line)]
   return "\n".join(text[-lines:])
 
 
@@ -181,7 +183,7 @@ def step_pytest(rec: Recorder, smoke: bool) -> None:
   lines = []
   for line in proc.stdout:
     lines.append(line)
-    if "\\x" not in line and line.rstrip().isprintable():
+    if readable(line):
       print(line, end="", flush=True)
     verdict = re.match(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED)", line)
     if verdict and not smoke:
