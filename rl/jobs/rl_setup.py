@@ -62,7 +62,8 @@ class Task:
     self.train_prompts = self.encode(self.train_entries)
 
 
-def task(c: ml_collections.ConfigDict, tokenizer) -> tuple[Task, ToolEpisodes | None]:
+def task(c: ml_collections.ConfigDict, tokenizer, mesh=None
+         ) -> tuple[Task, ToolEpisodes | None]:
   """(the run's task, the tool episodes its rollout sources run, or None). Tool-use episodes
   (config.tools) bring their environments' tasks, chat prompts, grader (verifier + judge) and
   warm start (config.tools.warm_start_steps); otherwise config.data's entries, its prompt
@@ -78,7 +79,7 @@ def task(c: ml_collections.ConfigDict, tokenizer) -> tuple[Task, ToolEpisodes | 
     train, heldout = load_entries(c, tokenizer)
     encode = functools.partial(encode_prompts, tokenizer=tokenizer,
                                template=c.data.prompt_template)
-    grader = ResponseGrader(tokenizer, reward_models.graders_from_config(c))
+    grader = ResponseGrader(tokenizer, reward_models.graders_from_config(c, mesh))
   train_prompts, heldout_prompts = encode(train), encode(heldout)
   curriculum = PromptCurriculum(c.data, train, seed=c.seed,
                                 exclude=[prompt_of(e) for e in heldout])

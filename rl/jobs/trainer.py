@@ -80,10 +80,11 @@ class Trainer:
     # A resume under another config is refused unless allowed (checkpoint.save_run_config).
     save_run_config(workdir, c, step=latest, allow_change=allow_config_change)
     tokenizer = load_tokenizer(c.tokenizer)
-    # What the run trains on: prompts, grader, curriculum (rl/jobs/rl_setup.py: task).
-    self.task, episodes = rl_setup.task(c, tokenizer)
     # The mesh (config.mesh) every parameter, optimiser state and batch is laid out on.
     self.placement = rl_setup.placement(c)
+    # What the run trains on: prompts, grader (its reward models on the run's mesh),
+    # curriculum (rl/jobs/rl_setup.py: task).
+    self.task, episodes = rl_setup.task(c, tokenizer, self.placement.rollout_mesh)
     # Where trajectories come from (rl/rollout/sources.py), for training and held-out evals,
     # and the sampler's FP8 weights (config.rollout.weight_dtype; None: the trainer's own).
     self.sources = rl_setup.Sources(

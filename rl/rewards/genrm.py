@@ -137,14 +137,19 @@ def _run_bucketed(fn: Callable, params, rest, sequences: Sequence[Sequence[int]]
                   pad_id: int, batch_size: int, length_multiple: int,
                   max_len: int) -> np.ndarray:
   """fn(params, rest, ids [R, L], lengths [R]) -> [R] over `sequences` in bucketed chunks, under
-  a mesh of the devices the reward model's parameters are on: the model runs unsharded where it
-  was loaded, also inside a trainer's ambient mesh over more devices (Placement.scope), which
-  would refuse its arguments."""
+  the mesh the reward model's parameters are sharded on (the run's, rl/jobs/reward_models.py),
+  else a mesh of the devices they are on: a model loaded on one device runs there unsharded,
+  also inside a trainer's ambient mesh over more devices (Placement.scope), which would refuse
+  its arguments."""
   for i, sequence in enumerate(sequences):
     if not 0 < len(sequence) <= max_len:
       raise ValueError(f"sequence {i} has {len(sequence)} tokens; the model takes 1..{max_len}")
-  devices = sorted(jax.tree.leaves(params)[0].devices(), key=lambda d: d.id)
-  with jax.set_mesh(jax.sharding.Mesh(np.array(devices), ("rm",))):
+  sharding = jax.tree.leaves(params)[0].sharding
+  if isinstance(sharding, jax.sharding.NamedSharding):
+    mesh = sharding.mesh
+  else:
+    mesh = jax.sharding.Mesh(np.array(sorted(sharding.device_set, key=lambda d: d.id)), ("rm",))
+  with jax.set_mesh(mesh):
     return _run_chunks(fn, params, rest, sequences, pad_id=pad_id, batch_size=batch_size,
                        length_multiple=length_multiple)
 

@@ -85,3 +85,66 @@ def test_records_of_a_domain_without_a_grader_fail_at_load(tmp_path):
   c.reward.graders = "general=genrm"
   train, _ = load_entries(c)
   assert np.array([e["domain"] for e in train]).tolist() == ["math", "general"]
+
+
+def test_trainer_grader_calls_the_judge_only_where_rules_cannot_settle(tmp_path, monkeypatch):
+  """math=rule_judge through the trainer's grader (ResponseGrader over a batch of sampled
+  tokens, with the registry config.reward builds): the answers the rules settle (one right,
+  one wrong) never reach the GenRM; the unparsable one does, in one batched call, and scores
+  the judge's P(YES) of the equivalence prompt."""
+  from types import SimpleNamespace
+
+  from models.tokenizer import load_tokenizer
+  from rl.jobs.batch import ResponseGrader
+  from rl.rewards import genrm
+  c = run_config(graders="math=rule_judge", genrm_dir=rm_workdir(tmp_path / "rm"))
+  graders = reward_models.graders_from_config(c)
+  calls = []
+  real = genrm.GenerativeRM.p_yes
+
+  def counted(self, prompts):
+    calls.append(list(prompts))
+    return real(self, prompts)
+
+  monkeypatch.setattr(genrm.GenerativeRM, "p_yes", counted)
+  tokenizer = load_tokenizer(c.tokenizer)
+  record = {"prompt": "What is one half?", "answer": "\\frac{1}{2}", "domain": "math"}
+  responses = ["\\boxed{\\frac{1}{2}}", "Answer: \\frac{1}{2", "\\boxed{3}"]
+  ids = [tokenizer.encode(r) for r in responses]
+  width = max(map(len, ids))
+  traj = SimpleNamespace(
+      tokens=np.array([x + [tokenizer.pad_id] * (width - len(x)) for x in ids]),
+      response_mask=np.array([[1] * len(x) + [0] * (width - len(x)) for x in ids]))
+  scored = ResponseGrader(tokenizer, graders).score(traj, [record] * 3)
+  assert list(scored["response"]) == responses
+  assert calls == [[genrm.equivalence_prompt("What is one half?", "\\frac{1}{2}",
+                                             "\\frac{1}{2")]]
+  expected = real(reward_models.load_rm(c, "genrm"), calls[0])[0]
+  np.testing.assert_allclose(scored["acc"], [1.0, expected, 0.0], atol=1e-6)
+
+
+@pytest.mark.parametrize("name,head", [("genrm", "lm"), ("bt", "scalar")])
+def test_rm_on_the_runs_mesh_is_sharded_and_scores_as_on_one_device(tmp_path, name, head):
+  """Given the run's mesh (fsdp x tensor over the test's 8 CPU devices), a reward model is
+  restored into shards on it, not whole on one device, runs there under an ambient mesh as the
+  trainer's grading does, and scores a batch as the one-device copy does."""
+  import jax
+
+  from models import sharding as sharding_lib
+  c = run_config(graders=f"general={name}", **{f"{name}_dir": rm_workdir(tmp_path / name,
+                                                                         head=head)})
+  mesh = sharding_lib.mesh_from_config({"fsdp": -1, "tensor": 2}, jax.devices()[:8])
+  rows = [({"prompt": f"Describe a {s}.", "domain": "general", "reference": "A pet, thanks"},
+           f"A {s}: it is calm, {w}") for s in ("cat", "storm", "lake") for w in ("thanks", "sorry")]
+  entries, responses = [r[0] for r in rows], [r[1] for r in rows]
+  alone = manager.score_responses(entries, responses,
+                                  graders=reward_models.graders_from_config(c))
+  rm = reward_models.load_rm(c, name, mesh)
+  params = jax.tree.leaves(rm.params)
+  assert all(x.sharding.mesh == mesh for x in params)
+  assert any(x.addressable_shards[0].data.size < x.size for x in params)  # split, not copied
+  with jax.set_mesh(mesh):
+    sharded = manager.score_responses(entries, responses,
+                                      graders=reward_models.graders_from_config(c, mesh))
+  np.testing.assert_allclose(sharded, alone, atol=1e-5)
+  assert np.ptp(alone) > 0  # the scores differ, so agreeing is not trivial
