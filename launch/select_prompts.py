@@ -27,6 +27,12 @@ Rules (rl/jobs/select_prompts.py, their sources in rl/data/selection.py):
                 general=genrm --config.reward.genrm_dir=<genrm job workdir>), z-normalised per
                 domain; the lowest --fraction is kept and written merged with the original
                 set (every prompt once, the kept ones a second time, marked "pre_ppo").
+  best_of_n_reference
+                each prompt with its best-scored sample as "reference" (and
+                "reference_score"): the study's best-of-N reference, scored by a
+                Bradley-Terry RM (--config.reward.graders=general=bt
+                --config.reward.bt_dir=<bt_rm job workdir>), for a pairwise GenRM to judge
+                against in RL (general=genrm).
 
 The prompts are the config's training entries (config.data: generated puzzles or prompt-record
 files) under its prompt template; sampling uses config.rollout (temperature, top-p, length) and

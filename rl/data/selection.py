@@ -33,6 +33,20 @@ def _check_samples(samples: Sequence[Any], index: int, name: str) -> None:
     raise ValueError(f"{name}[{index}] is empty: every prompt needs at least one sample")
 
 
+def _scored_samples(records: Sequence[Record], responses: Sequence[Sequence[str]],
+                    scores: Sequence[Sequence[float]]):
+  """(record, its samples, their scores) for each record, after checking that the three line
+  up and that every prompt has samples."""
+  _check_aligned(records, responses, "responses")
+  _check_aligned(records, scores, "scores")
+  for i, (record, samples, sample_scores) in enumerate(zip(records, responses, scores)):
+    _check_samples(samples, i, "responses")
+    if len(sample_scores) != len(samples):
+      raise ValueError(f"scores[{i}] has {len(sample_scores)} entries for {len(samples)} "
+                       "responses")
+    yield record, samples, sample_scores
+
+
 # ----------------------------------------------------------------------------- Rejection sampling
 
 def keep_verified(records: Sequence[Record], responses: Sequence[Sequence[str]],
@@ -47,14 +61,8 @@ def keep_verified(records: Sequence[Record], responses: Sequence[Sequence[str]],
   correct responses to one prompt are kept once. The records keep their grader fields, so the
   result is again a prompt-record file's rows, which the trainer and SFT read.
   """
-  _check_aligned(records, responses, "responses")
-  _check_aligned(records, scores, "scores")
   kept = []
-  for i, (record, samples, sample_scores) in enumerate(zip(records, responses, scores)):
-    _check_samples(samples, i, "responses")
-    if len(sample_scores) != len(samples):
-      raise ValueError(f"scores[{i}] has {len(sample_scores)} entries for {len(samples)} "
-                       "responses")
+  for record, samples, sample_scores in _scored_samples(records, responses, scores):
     verified = dict.fromkeys(r for r, score in zip(samples, sample_scores) if score >= min_score)
     kept.extend({**record, "response": response} for response in verified)
   logging.info("rejection sampling: kept %d of %d responses", len(kept),
@@ -186,3 +194,24 @@ def pre_ppo_merge(records: Sequence[Record], kept: Sequence[int]) -> list[Record
   """The original set followed by one more copy of each kept prompt (marked "pre_ppo": True),
   so an epoch over the written file draws the selected prompts twice as often as the rest."""
   return [*records, *({**records[i], "pre_ppo": True} for i in kept)]
+
+
+# ----------------------------------------------------------------------------- Best-of-N reference
+
+def best_of_n_reference(records: Sequence[Record], responses: Sequence[Sequence[str]],
+                        scores: Sequence[Sequence[float]]) -> list[Record]:
+  """Each record with its best-scored sample as "reference" (the first of equal scores) and
+  that sample's score as "reference_score".
+
+  The RLHF data-scaling study's reference for general prompts: N responses sampled per prompt,
+  the one a Bradley-Terry RM scores highest kept, for a pairwise GenRM to judge the policy's
+  responses against in RL (config.reward.graders "general=genrm" reads `reference`). `scores`
+  should be monotone in the RM's reward: the "bt" grader's sigmoid(r), or sigmoid(r - r_ref)
+  where a record already has a reference (which is then replaced).
+  """
+  out = []
+  for record, samples, sample_scores in _scored_samples(records, responses, scores):
+    best = int(np.argmax(np.asarray(sample_scores, np.float64)))
+    out.append({**record, "reference": samples[best],
+                "reference_score": float(sample_scores[best])})
+  return out

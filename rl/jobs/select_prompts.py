@@ -13,7 +13,10 @@ SFT) reads back with config.data.source=files, config.data.train_files=<file>. T
   under the run's graders (config.reward: a reward model for the domains it names),
   z-normalised per domain; the lowest `fraction` is kept (selection.pre_ppo_select) and
   written merged with the original set: every prompt once, the kept ones once more
-  (selection.pre_ppo_merge).
+  (selection.pre_ppo_merge);
+* "best_of_n_reference": each record with its best-scored sample as "reference"
+  (selection.best_of_n_reference), the study's best-of-N reference for a pairwise GenRM,
+  scored by a Bradley-Terry RM (config.reward.graders "general=bt").
 
 `launch/select_prompts.py` is the command line.
 """
@@ -43,7 +46,7 @@ from rl.data.templates import prompt_of
 from rl.rewards import manager
 from rl.rewards import extract
 
-RULES = ("rejection", "worst_of_n", "low_variance", "audit", "pre_ppo")
+RULES = ("rejection", "worst_of_n", "low_variance", "audit", "pre_ppo", "best_of_n_reference")
 
 GenerateFn = Callable[[Sequence[dict], int], Sequence[Sequence[str]]]
 VerifyFn = Callable[[Sequence[dict], Sequence[str]], Sequence[float]]
@@ -124,6 +127,8 @@ def apply_rule(outcomes: Outcomes, rule: str, *, min_score: float = 1.0, min_std
   if rule == "pre_ppo":
     kept = selection.pre_ppo_select(records, accuracies.mean(axis=1), fraction=fraction)
     return selection.pre_ppo_merge(records, kept)
+  if rule == "best_of_n_reference":
+    return selection.best_of_n_reference(records, outcomes.responses, accuracies.tolist())
   flagged = selection.reference_audit(records, outcomes.answers, threshold=audit_threshold)
   return [{**records[i], "sampled_answers": outcomes.answers[i]} for i in flagged]
 

@@ -155,3 +155,21 @@ def test_pre_ppo_keeps_the_per_domain_normalised_bottom_fraction_and_the_trainer
 def test_pre_ppo_fraction_out_of_range_fails():
   with pytest.raises(ValueError, match=r"fraction must be in \(0, 1\], got 0"):
     select_prompts.selection.pre_ppo_select([{"prompt": "q"}], [1.0], fraction=0)
+
+
+def test_best_of_n_reference_writes_each_prompts_best_scored_sample(tmp_path):
+  """The written reference is the sample the grader scored highest (the first of equal
+  scores), whatever its position, replacing a record's old reference; every prompt is kept."""
+  rows = [{"prompt": "p0", "domain": "general", "reference": "old"},
+          {"prompt": "p1", "domain": "general"}]
+  samples = {"p0": ["a", "b", "c"], "p1": ["x", "y", "z"]}
+  score_of = {"a": 0.1, "b": 0.9, "c": 0.3, "x": 0.7, "y": 0.2, "z": 0.7}
+  out = tmp_path / "references.jsonl"
+  stats, _ = select_prompts.select_prompts(
+      rows, lambda batch, n: [samples[r["prompt"]] for r in batch],
+      lambda entries, responses: [score_of[r] for r in responses],
+      rule="best_of_n_reference", n=3, out_path=str(out))
+  written, _ = sources.load_records(str(out))
+  assert stats["written"] == 2
+  assert [(r["prompt"], r["reference"], r["reference_score"]) for r in written] == [
+      ("p0", "b", pytest.approx(0.9)), ("p1", "x", pytest.approx(0.7))]
