@@ -14,6 +14,7 @@ from rl.config.defaults import base_config
 from rl.config.describe import describe_rl, leaves
 from rl.core.policy import build_policy, model_config
 from rl.config.validation import check_paths, validate
+from tests.launch.test_launch import launcher_env
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CONFIG_FILES = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
@@ -304,7 +305,7 @@ def test_field_notes_come_from_the_comments_beside_the_defaults():
 
 def _one_line_error(cmd):
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
-                       env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+                       env=launcher_env())
   return out.returncode, out.stderr.strip().splitlines()
 
 

@@ -22,6 +22,13 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 GKE = os.path.join(ROOT, "launch", "gke")
 
 
+def launcher_env(**extra: str) -> dict:
+  """The environment a user's `python launch/...` runs in: one CPU device, jax's default
+  matmul precision (this suite's conftest sets 8 host devices and "highest" precision, and the
+  demo's SFT lands elsewhere under those numerics: docs/demo.md, "The DSA stages")."""
+  return dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu", **extra)
+
+
 def load(name, arg=None):
   spec = importlib.util.spec_from_file_location("cfg", os.path.join(ROOT, "configs", name))
   module = importlib.util.module_from_spec(spec)
@@ -187,7 +194,7 @@ def test_train_dry_run_flag_prints_the_report():
        "--config=" + os.path.join(ROOT, "configs", "deepseek_v32_moe_tpu.py"), "--dry_run",
        "--workdir=/tmp/seedrl_dry_run_never_created"],
       capture_output=True, text=True, timeout=120,
-      env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+      env=launcher_env())
   assert out.returncode == 0, out.stderr[-2000:]
   assert "params" in out.stdout and "/device" in out.stdout and "512 devices" in out.stdout
   assert not os.path.exists("/tmp/seedrl_dry_run_never_created")
@@ -227,7 +234,7 @@ def test_resuming_a_workdir_under_another_variant_is_refused_on_one_line(tmp_pat
       [sys.executable, os.path.join(ROOT, "launch", "train.py"),
        f"--config={os.path.join(ROOT, 'configs', 'demo.py')}:grpo_v32", f"--workdir={tmp_path}"],
       capture_output=True, text=True, timeout=300,
-      env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+      env=launcher_env())
   errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
   assert out.returncode == 2 and len(errors) == 1, out.stderr
   assert "Traceback" not in out.stderr
@@ -252,7 +259,7 @@ def test_train_names_a_bad_workdir_or_mesh_at_start(tmp_path):
   for args, culprit in cases:
     out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "train.py"), *args],
                          capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"))
+                         env=launcher_env())
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert out.returncode == 2 and len(errors) == 1 and culprit in errors[0], out.stderr
     assert "Traceback" not in out.stderr
@@ -262,7 +269,7 @@ def test_train_names_a_bad_workdir_or_mesh_at_start(tmp_path):
 def _train(args, **kwargs):
   return subprocess.run([sys.executable, os.path.join(ROOT, "launch", "train.py"), *args],
                         capture_output=True, text=True, timeout=300,
-                        env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu"), **kwargs)
+                        env=launcher_env(), **kwargs)
 
 
 def test_help_lists_every_config_field_with_its_meaning_and_exits_0():
@@ -318,7 +325,7 @@ def test_a_gs_workdir_without_credentials_stops_at_start_on_one_line(tmp_path):
       [sys.executable, os.path.join(ROOT, "launch", "train.py"),
        f"--config={os.path.join(ROOT, 'configs', 'demo.py')}", "--workdir=gs://bucket/run"],
       capture_output=True, text=True, timeout=300, cwd=tmp_path,
-      env=dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu", PYTHONPATH=path))
+      env=launcher_env(PYTHONPATH=path))
   errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
   assert out.returncode == 2 and len(errors) == 1, out.stderr[-3000:]
   assert errors[0].startswith("error: --workdir=gs://bucket/run: no usable Google Cloud "

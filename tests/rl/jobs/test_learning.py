@@ -17,19 +17,14 @@ import sys
 
 import pytest
 
+from tests.launch.test_launch import launcher_env
+
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 # Fast gates: the demo with these many RL steps per recipe. Measured gains are in the README;
 # the margin sits well below the smallest of them and far above a broken run's.
 GATE_RL_STEPS = {"dapo": 25, "vapo": 25, "grpo_v32": 25}
 GATE_MIN_GAIN = 0.10
-
-
-def launcher_env() -> dict:
-  """The environment a user's `python launch/train.py` runs in: one CPU device, jax's default
-  matmul precision (this suite's conftest sets 8 host devices and "highest" precision, and the
-  demo's SFT lands elsewhere under those numerics: docs/demo.md, "The DSA stages")."""
-  return dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
 
 
 def train(workdir, algorithm: str, *flags: str) -> dict:

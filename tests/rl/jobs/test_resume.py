@@ -23,6 +23,7 @@ from rl.config.defaults import base_config
 from rl.config.validation import validate
 from rl.jobs import checkpoint
 from rl.jobs.trainer import Trainer
+from tests.launch.test_launch import launcher_env
 
 
 def tiny_config(**overrides) -> ml_collections.ConfigDict:
@@ -455,7 +456,7 @@ def launch(config, workdir, log_path):
   with open(config_file, "w") as f:
     f.write(f"import ml_collections\n\ndef get_config():\n"
             f"  return ml_collections.ConfigDict({config.to_dict()!r}).lock()\n")
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  env = launcher_env()
   return subprocess.Popen([sys.executable, os.path.join(ROOT, "launch", "train.py"),
                            f"--config={config_file}", f"--workdir={workdir}"],
                           stdout=subprocess.DEVNULL, stderr=open(log_path, "w"), env=env)
