@@ -14,15 +14,24 @@
 # linked in, not run again. Rerunning the command skips finished runs and resumes the others
 # (launch/sweep.py). Each ROOT/<claim>/sweep.md is a table (final accuracy, entropy, steps and RL
 # wall time to a held-out accuracy of 0.95), with plots beside it.
+#
+# EXTRA (config overrides, space-separated) goes to the SFT stage and to every RL run, and
+# STEPS (default 40) sets the RL steps, e.g. a weaker teacher that leaves RL more to learn:
+#
+#   EXTRA="--config.sft.carry_slip_rate=0.9" STEPS=80 bash launch/experiments.sh ROOT
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(realpath -m "${1:-workdir/experiments}")
 PARALLEL=${PARALLEL:-2}
 mkdir -p "$ROOT"
-python launch/train.py --config=configs/demo.py --config.job=sft --workdir="$ROOT/sft"
+read -r -a EXTRA <<< "${EXTRA:-}"
+STEPS=${STEPS:-40}
+python launch/train.py --config=configs/demo.py --config.job=sft ${EXTRA[@]+"${EXTRA[@]}"} \
+  --workdir="$ROOT/sft"
 COMMON=(--config.job=rl "--config.init_checkpoint=$ROOT/sft/checkpoints"
-        --config.data.train_seed=0 --config.train.steps=40 --config.train.eval_every=5
-        --config.train.checkpoint_every=40 --config.train.mini_batches=4)
+        --config.data.train_seed=0 "--config.train.steps=$STEPS" --config.train.eval_every=5
+        "--config.train.checkpoint_every=$STEPS" --config.train.mini_batches=4
+        ${EXTRA[@]+"${EXTRA[@]}"})
 
 sweep() {  # sweep <config> <claim> [grid]
   python launch/sweep.py "--config=$1" "${COMMON[@]}" --seeds=0,1,2 --parallel="$PARALLEL" \
