@@ -40,6 +40,7 @@ from rl.rewards.genrm import (BradleyTerryRM, GenerativeRM, at_last_token, judge
                               split_model)
 from rl.core.sampling import next_token_logprobs, token_logprobs
 from rl.jobs.fitting import fit_objective
+from rl.rewards import puzzles
 from rl.rewards.planted import PLANTED_MARKER
 from rl.rewards.planted import has_planted_property as has_planted_property
 from rl.data import sources
@@ -179,6 +180,24 @@ def make_planted_records(n: int, seed: int, *, marker_rate: float,
                     "reference": f"{sentence} {PLANTED_MARKER}",
                     "domain": "planted" if heldout else "general"})
   return records
+
+
+def make_mixed_records(n_addition: int, n_planted: int, seed: int, *, heldout: bool = False,
+                       carry_slip_rate: float = 0.7, marker_rate: float = 0.05) -> list[dict]:
+  """Prompt records for one policy on two domains (configs/preference.py mixed_rl): generated
+  two-digit additions (the demo's task; graded by the puzzle verifier; in training records an
+  imperfect teacher's worked solutions, `carry_slip_rate` of the carry sums written without
+  the carry, rl/rewards/puzzles.py with_carry_slips) and planted general prompts
+  (make_planted_records: domain "general" scored by a reward model in training, "planted" graded
+  by the property rule when held out). Held-out records come without slips and without the
+  marker. Shuffled; deterministic in `seed`."""
+  addition = puzzles.make("addition", size=n_addition, seed=seed, difficulty=0)
+  if not heldout and carry_slip_rate:
+    addition = puzzles.with_carry_slips(addition, carry_slip_rate, seed=seed)
+  planted = make_planted_records(n_planted, seed, marker_rate=0.0 if heldout else marker_rate,
+                                 heldout=heldout)
+  records = addition + planted
+  return [records[i] for i in np.random.default_rng(seed).permutation(len(records))]
 
 
 def save_records(path: str | os.PathLike, records: Sequence[dict]) -> None:

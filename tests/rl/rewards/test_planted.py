@@ -57,3 +57,21 @@ def test_reward_model_scores_inside_a_trainer_mesh():
   assert len(jax.devices()) > 1
   with jax.set_mesh(jax.make_mesh((len(jax.devices()),), ("data",))):
     np.testing.assert_allclose(rm.rewards(prompts, responses), alone, rtol=1e-6)
+
+
+def test_mixed_records_grade_additions_by_the_verifier_and_planted_prompts_by_their_domain():
+  """make_mixed_records: additions (puzzle records: the verifier grades them) beside planted
+  general prompts; training additions carry the teacher's slips (some worked solutions give a
+  wrong sum), held-out ones none, and no held-out planted response shows the marker."""
+  train = preference.make_mixed_records(400, 100, 0)
+  heldout = preference.make_mixed_records(100, 20, 1, heldout=True)
+  assert train == preference.make_mixed_records(400, 100, 0)
+  kinds = [manager.kind_of(r) for r in train]
+  assert kinds.count("puzzle") == 400 and kinds.count("general") == 100
+  assert kinds != sorted(kinds)  # shuffled, not blocks
+  additions = [r for r in train if manager.kind_of(r) == "puzzle"]
+  solved = manager.score_responses(additions, [r["solution"] for r in additions])
+  assert 0.3 < solved.mean() < 0.95, solved.mean()  # the slips: carry sums demonstrated wrong
+  held_additions = [r for r in heldout if manager.kind_of(r) == "puzzle"]
+  assert manager.score_responses(held_additions, [r["solution"] for r in held_additions]).all()
+  assert {r["domain"] for r in heldout if manager.kind_of(r) != "puzzle"} == {"planted"}
