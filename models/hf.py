@@ -7,7 +7,10 @@ its target sharding before the next is read, so host memory stays near one param
 layer's experts: one stacked expert tensor). `save_pretrained(model, path)` writes the same
 format back, which transformers (and so vLLM / SGLang) load, just as frugally: tensor by
 tensor into files laid out from the shapes alone, each sharded parameter gathered on its own.
-Llama 3.x rope scaling (`rope_type="llama3"`) and YaRN map to ModelConfig fields both ways.
+Llama 3.x rope scaling (`rope_type="llama3"`) and YaRN map to ModelConfig fields both ways. A
+reward model in transformers' form (`*ForSequenceClassification` with one label, its
+`score.weight` the per-position reward) maps to our scalar head, and a scalar-head model
+exports as one.
 
 A broken directory fails with a CheckpointError naming the culprit: a config.json field that is
 missing, a shard that is missing or not a readable safetensors file (e.g. truncated), a tensor
@@ -149,6 +152,9 @@ FAMILIES = {
 }
 
 
+SEQUENCE_CLASSIFICATION = "ForSequenceClassification"  # transformers' reward-model class suffix
+
+
 def _switch(cfg: ModelConfig, name: str):
   return cfg.is_moe if name == "moe" else getattr(cfg, name)
 
@@ -176,6 +182,14 @@ def _config_from_hf(hf: dict, dtype: str) -> ModelConfig:
     raise CheckpointError(str(e)) from None
   fields.update(family.read(hf))
   fields.update({k: v for k, v in family.switches.items() if k != "moe"})
+  if any(a.endswith(SEQUENCE_CLASSIFICATION) for a in hf.get("architectures") or ()):
+    # A reward model: one score per position from `score.weight` (our scalar head), no LM head
+    # to tie. HF writes one id2label entry per label.
+    labels = len(hf.get("id2label") or {}) or hf.get("num_labels", 2)
+    if labels != 1:
+      raise CheckpointError(f"{hf['architectures'][0]} with {labels} labels: a reward model "
+                            "(our scalar head) has one")
+    fields.update(head="scalar", tie_embeddings=False)
   return ModelConfig(**fields)
 
 
@@ -212,13 +226,19 @@ def config_to_hf(cfg: ModelConfig) -> dict:
                 low_freq_factor=cfg.llama3_low_freq_factor,
                 high_freq_factor=cfg.llama3_high_freq_factor,
                 original_max_position_embeddings=cfg.llama3_original_max_len)
+  scalar = cfg.head == "scalar"  # a reward model, as transformers' sequence classifier
+  architecture = family.architecture
+  if scalar:
+    architecture = architecture.replace("ForCausalLM", SEQUENCE_CLASSIFICATION)
   out = dict(
-      model_type=name, architectures=[family.architecture], vocab_size=cfg.vocab_size,
+      model_type=name, architectures=[architecture], vocab_size=cfg.vocab_size,
       hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
       num_attention_heads=cfg.n_heads, intermediate_size=cfg.mlp_dim,
       rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_embeddings,
       max_position_embeddings=cfg.max_seq_len, hidden_act="silu", rope_parameters=rope,
       torch_dtype=cfg.param_dtype, attention_bias=False)
+  if scalar:
+    out.update(num_labels=1, id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
   out.update(ATTENTION[cfg.attention].hf_write(cfg))
   out.update(family.write(cfg))
   return out
@@ -282,7 +302,9 @@ def param_mapping(cfg: ModelConfig) -> dict[tuple, tuple[list[str], Callable, Ca
 
   copy(("embed", "embedding"), "model.embed_tokens.weight")
   copy(("final_norm", "scale"), "model.norm.weight")
-  if not cfg.tie_embeddings:
+  if cfg.head == "scalar":
+    linear(("head", "kernel"), "score.weight")
+  elif not cfg.tie_embeddings:
     linear(("head", "kernel"), "lm_head.weight")
   for i in range(cfg.n_layers):
     L, hp = ("layers", i), f"model.layers.{i}"

@@ -410,3 +410,41 @@ def test_export_holds_one_parameter_at_a_time(tmp_path):
                                    nnx.state(model).flat_state()):
     np.testing.assert_array_equal(np.asarray(got.get_value()), np.asarray(want.get_value()),
                                   err_msg=str(key))
+
+
+def test_a_reward_model_checkpoint_loads_as_the_scalar_head(tmp_path):
+  """A transformers sequence classifier with one label (how HF reward models ship) loads as our
+  scalar head: the value at each row's last real token equals transformers' reward (fp32,
+  1e-4); exported back, transformers reads the same rewards; two labels are refused."""
+  def classifier(num_labels, path):
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(**{**COMMON, **FAMILIES["qwen2"][2]},
+                                      num_labels=num_labels, pad_token_id=0)
+    config._attn_implementation = "eager"
+    model = transformers.Qwen2ForSequenceClassification(config).eval()
+    with torch.no_grad():
+      for name, p in model.named_parameters():
+        p.copy_(torch.randn_like(p) * (0.5 if "norm" in name else 0.08) + ("norm" in name) * 1.0)
+    model.save_pretrained(path)
+    return model
+
+  def rewards(model, tokens, mask):
+    with torch.no_grad():
+      return model(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask)).logits[:, 0]
+
+  tokens, mask, lengths = padded_batch()
+  expected = rewards(classifier(1, tmp_path / "rm"), tokens, mask).numpy()
+  ours = hf.load_pretrained(str(tmp_path / "rm"), dtype="float32")
+  assert ours.cfg.head == "scalar"
+  values = np.asarray(ours(jnp.asarray(tokens)))
+  got = values[np.arange(len(lengths)), lengths - 1]
+  np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+  assert np.ptp(expected) > 1e-3  # the rows' rewards differ
+  hf.save_pretrained(ours, str(tmp_path / "export"))
+  back = transformers.AutoModelForSequenceClassification.from_pretrained(
+      str(tmp_path / "export"), dtype=torch.float32, attn_implementation="eager",
+      pad_token_id=0).eval()  # the pad id is the tokenizer's: the export does not know it
+  np.testing.assert_allclose(rewards(back, tokens, mask).numpy(), expected, atol=1e-4, rtol=0)
+  classifier(2, tmp_path / "two")
+  with pytest.raises(hf.CheckpointError, match="with 2 labels: a reward model"):
+    hf.load_pretrained(str(tmp_path / "two"), dtype="float32")

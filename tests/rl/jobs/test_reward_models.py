@@ -148,3 +148,33 @@ def test_rm_on_the_runs_mesh_is_sharded_and_scores_as_on_one_device(tmp_path, na
                                       graders=reward_models.graders_from_config(c, mesh))
   np.testing.assert_allclose(sharded, alone, atol=1e-5)
   assert np.ptp(alone) > 0  # the scores differ, so agreeing is not trivial
+
+
+def test_registry_loads_a_bt_rm_from_a_hugging_face_checkpoint(tmp_path):
+  """general=bt with a Hugging Face reward-model directory (a sequence classifier with one
+  label and its tokenizer, here exported from a scalar-head model): the registry loads it as
+  a BT RM and scores as the model it was exported from."""
+  from models import hf
+  from models.padding import round_up
+  from models.tokenizer import load_tokenizer
+  from models.transformer import build
+  from rl.rewards import rm_graders
+  from rl.rewards.genrm import BradleyTerryRM
+  from tiny_hf import train_bpe_tokenizer
+  texts = ["Describe a storm. A storm: it is calm in the morning, thanks"] * 20
+  size = train_bpe_tokenizer(tmp_path, texts, 300, ["<|endoftext|>"])
+  model = build("tiny_dense", seed=0, head="scalar", vocab_size=round_up(size, 8),
+                max_seq_len=512)
+  hf.save_pretrained(model, str(tmp_path / "rm"), dtype="float32", tokenizer_dir=str(tmp_path))
+  with open(tmp_path / "rm" / "config.json") as f:
+    assert json.load(f)["architectures"] == ["Qwen2ForSequenceClassification"]
+  entries = [{"prompt": "Describe a storm.", "domain": "general",
+              "reference": "A storm: it is calm, thanks"}] * 3
+  responses = ["A storm: it is calm, thanks", "A storm: it is calm, sorry", "A storm."]
+  graders = reward_models.graders_from_config(run_config(graders="general=bt",
+                                                         bt_dir=str(tmp_path / "rm")))
+  scores = manager.score_responses(entries, responses, graders=graders)
+  expected = rm_graders.BradleyTerry(BradleyTerryRM(model, load_tokenizer(str(tmp_path)))).grade(
+      entries, responses, workers=1)
+  np.testing.assert_allclose(scores, expected, atol=1e-5)
+  assert np.ptp(scores) > 0
