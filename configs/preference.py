@@ -85,7 +85,6 @@ def planted_rl_config():
   c = base_config(preset="tiny_dense", head="lm")
   c.job = "sft_rl"
   c.data.source = "files"
-  c.sft.carry_slip_rate = 0.0  # the training records carry the teacher's slips already
   c.reward.graders = "general=bt"
   c.rollout.max_new_tokens = 64
   c.sft.epochs = 10  # 160 steps: held-out SFT loss ~0.18 (the sentences, not yet the subject)
@@ -115,7 +114,7 @@ def mixed_rl_config():
   """One policy, two domains (rl/jobs/preference.py make_mixed_records): the demo's model and
   two-digit additions (graded by the puzzle verifier) beside the planted general prompts
   (scored only by the Bradley-Terry RM of config.reward.bt_dir), SFT on both, then DeepSeek-V3.2
-  GRPO. The held-out evaluation reports each domain: `heldout_acc/puzzle` (additions solved)
+  GRPO. The held-out evaluation reports each domain: `heldout_acc/addition` (additions solved)
   and `heldout_acc/planted` (the property rate)."""
   c = demo.get_config("grpo_v32")
   c.data.source = "files"

@@ -42,6 +42,14 @@ FAMILIES = {
 }
 
 
+def randomize(model):
+  """`model` with random weights of a trained model's scale (norms near 1), in place."""
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      p.copy_(torch.randn_like(p) * (0.5 if "norm" in name else 0.08) + ("norm" in name) * 1.0)
+  return model
+
+
 def hf_checkpoint(family: str, root: str, **overrides) -> str:
   """A tiny random transformers model of the family (COMMON sizes but `overrides`), saved with
   save_pretrained in <root>/<family>."""
@@ -49,10 +57,8 @@ def hf_checkpoint(family: str, root: str, **overrides) -> str:
   torch.manual_seed(0)
   config = config_cls(**{**COMMON, **extra, **overrides})
   config._attn_implementation = "eager"
-  model = model_cls(config).eval()
+  model = randomize(model_cls(config).eval())
   with torch.no_grad():
-    for name, p in model.named_parameters():
-      p.copy_(torch.randn_like(p) * (0.5 if "norm" in name else 0.08) + ("norm" in name) * 1.0)
     for name, buf in model.named_buffers():
       if "e_score_correction_bias" in name:  # a saved buffer: randomise it or it goes untested
         buf.copy_(torch.rand_like(buf) * 0.05)

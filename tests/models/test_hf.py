@@ -421,10 +421,7 @@ def test_a_reward_model_checkpoint_loads_as_the_scalar_head(tmp_path):
     config = transformers.Qwen2Config(**{**COMMON, **FAMILIES["qwen2"][2]},
                                       num_labels=num_labels, pad_token_id=0)
     config._attn_implementation = "eager"
-    model = transformers.Qwen2ForSequenceClassification(config).eval()
-    with torch.no_grad():
-      for name, p in model.named_parameters():
-        p.copy_(torch.randn_like(p) * (0.5 if "norm" in name else 0.08) + ("norm" in name) * 1.0)
+    model = tiny_hf.randomize(transformers.Qwen2ForSequenceClassification(config).eval())
     model.save_pretrained(path)
     return model
 
