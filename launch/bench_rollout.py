@@ -20,7 +20,7 @@ system of --compare (HF transformers `generate`; vLLM and Tunix when importable;
 are in launch/rollout_peers.py) decode the same random prompts (ids in [1, vocab) from --seed; 0
 is the pad id) at each --batches size, stop ids off so every row yields exactly --response_len
 tokens. Per system and batch: tok/s = B*M / median wall time of --repeats calls after a warm-up
-call (prefill included); TTFT = median wall time of the same call with one new token (prefill of
+call (prefill included), with the min-max over those calls beside it; TTFT = median wall time of the same call with one new token (prefill of
 the batch + its first token; for seedrl an engine run with response_len=1); compile = the
 warm-up call's wall time (jit compilation for the JAX systems); busy cores = CPU seconds of the
 system's processes (all threads, descendants included) / wall seconds over the timed calls;
@@ -102,8 +102,9 @@ def measure_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
 
 def time_calls(call, repeats: int, cpu_clock=None):
   """Returns (seconds of a first warm-up call, median seconds of `repeats` more, last output,
-  busy cores): busy cores = the CPU seconds `cpu_clock()` advanced over the timed calls / their
-  wall seconds (how many cores the system kept busy; nan without `cpu_clock`)."""
+  busy cores, the `repeats` seconds): busy cores = the CPU seconds `cpu_clock()` advanced over
+  the timed calls / their wall seconds (how many cores the system kept busy; nan without
+  `cpu_clock`)."""
   start = time.perf_counter()
   out = call()
   first_s = time.perf_counter() - start
@@ -114,7 +115,7 @@ def time_calls(call, repeats: int, cpu_clock=None):
     out = call()
     times.append(time.perf_counter() - start)
   cpu_s = cpu_clock() - cpu_start if cpu_clock else float("nan")
-  return first_s, float(np.median(times)), out, cpu_s / sum(times)
+  return first_s, float(np.median(times)), out, cpu_s / sum(times), times
 
 
 def random_prompts(batch: int, prompt_len: int, vocab_size: int, seed: int = 0) -> np.ndarray:
@@ -197,8 +198,8 @@ def benchmark(model_name: str, batch: int, prompt_len: int, response_len: int, *
   cfg = model.cfg
   engine = SeedRLEngine(model, greedy)
   prompt_ids = random_prompts(batch, prompt_len, cfg.vocab_size)
-  compile_s, cached_s, out, _ = time_calls(lambda: engine.run(prompt_ids, response_len),
-                                          repeats)
+  compile_s, cached_s, out, _, _ = time_calls(lambda: engine.run(prompt_ids, response_len),
+                                             repeats)
   generated = int(np.asarray(out["new_count"]).sum())
   steps = int(out["decode_steps"])
   tokens_per_s = generated / cached_s
@@ -233,7 +234,7 @@ def benchmark(model_name: str, batch: int, prompt_len: int, response_len: int, *
     naive_run = naive_decode_fn(engine.graphdef, response_len, engine.cfg)
     buffer = np.pad(prompt_ids, ((0, 0), (0, response_len)))
     prompt_lens = np.full((batch,), prompt_len, np.int32)
-    _, naive_s, naive_tokens, _ = time_calls(
+    _, naive_s, naive_tokens, _, _ = time_calls(
         lambda: jax.block_until_ready(naive_run(engine.state, buffer, prompt_lens, engine.rng)),
         repeats=1)
     same = float(np.mean(np.asarray(naive_tokens) == np.asarray(out["tokens"])))
@@ -263,13 +264,14 @@ def measure(system, prompt_ids: np.ndarray, new_tokens: int, repeats: int) -> di
   # in this process: this process alone (not an idle peer's processes).
   cpu_clock = ((lambda: rollout_peers.cpu_seconds(system.pid)) if hasattr(system, "pid")
                else time.process_time)
-  compile_s, run_s, tokens, busy = time_calls(lambda: system.generate(prompt_ids, new_tokens),
-                                              repeats, cpu_clock)
-  _, ttft_s, _, _ = time_calls(lambda: system.generate(prompt_ids, 1), repeats)
+  compile_s, run_s, tokens, busy, times = time_calls(
+      lambda: system.generate(prompt_ids, new_tokens), repeats, cpu_clock)
+  _, ttft_s, _, _, _ = time_calls(lambda: system.generate(prompt_ids, 1), repeats)
   if tokens.shape != (batch, new_tokens):
     raise RuntimeError(f"{system.name} returned tokens {tokens.shape}, expected "
                        f"{(batch, new_tokens)}: it stopped early or padded")
   return {"system": system.name, "batch": batch, "tokens_per_s": batch * new_tokens / run_s,
+          "tokens_per_s_range": (batch * new_tokens / max(times), batch * new_tokens / min(times)),
           "ttft_s": ttft_s, "compile_s": compile_s, "busy_cores": busy, "tokens": tokens}
 
 
@@ -311,10 +313,10 @@ def host_line(system_names, peer_versions: dict[str, dict[str, str]] | None = No
 
 
 def markdown_table(rows: list[dict], greedy: bool) -> str:
-  """The side-by-side rows as a markdown table (system | batch | tok/s | TTFT | compile |
-  fraction of bound | agreement)."""
-  lines = ["| system | batch | tok/s | TTFT | compile | busy cores | fraction of bound | "
-           "agreement |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+  """The side-by-side rows as a markdown table (system | batch | tok/s, median and min-max over
+  the timed calls | TTFT | compile | busy cores | fraction of bound | agreement)."""
+  lines = ["| system | batch | tok/s, median [min-max] | TTFT | compile | busy cores | "
+           "fraction of bound | agreement |", "|---|---:|---:|---:|---:|---:|---:|---|"]
   for row in rows:
     if row["system"] == "seedrl":
       agree = "reference"
@@ -323,7 +325,9 @@ def markdown_table(rows: list[dict], greedy: bool) -> str:
     else:
       agree = (f"{row['agreement']:.1%} (rows first differ at {row['first_divergence']:.1f} "
                "on average)" if row["agreement"] < 1 else "100.0%")
-    lines.append(f"| {row['system']} | {row['batch']} | {row['tokens_per_s']:,.1f} | "
+    low, high = row["tokens_per_s_range"]
+    lines.append(f"| {row['system']} | {row['batch']} | {row['tokens_per_s']:,.1f} "
+                 f"[{low:,.1f}-{high:,.1f}] | "
                  f"{row['ttft_s'] * 1e3:,.1f} ms | {row['compile_s']:.2f} s | "
                  f"{row['busy_cores']:.2f} | {row['fraction_of_bound']:.1%} | {agree} |")
   return "\n".join(lines)
@@ -389,8 +393,8 @@ def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
     if hasattr(system, "close"):
       system.close()
   log(f"model: {hf_dir} ({params / 1e6:.1f}M params, {dtype}); prompt {prompt_len}, response "
-      f"{response_len}, {'greedy' if greedy else 'sampling T=1'}, stop ids off; median of "
-      f"{repeats} runs after a warm-up")
+      f"{response_len}, {'greedy' if greedy else 'sampling T=1'}, stop ids off; tok/s: median "
+      f"[min-max] of {repeats} runs after a warm-up")
   log(f"bound at batch 1: {weights / 1e6:.1f} MB of weights / {bandwidth / 1e9:.1f} GB/s "
       f"{bandwidth_source} = {bound_steps_per_s:,.1f} tok/s (fraction of bound: (tok/s / batch) / "
       "this)")

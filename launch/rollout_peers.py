@@ -263,6 +263,16 @@ def _versions(name: str) -> dict[str, str]:
   return found
 
 
+def peer_process_kwargs(workdir: str) -> dict:
+  """Where a peer's interpreter runs: in `workdir`, without PYTHONPATH, so that this repository's
+  top-level packages cannot shadow the peer's imports. transformers probes for a package named
+  `kernels` (the Hub's kernels), and vLLM inspects models in a `python -m` child that puts its
+  working directory first on sys.path: from the repository root it found our `kernels/`, which
+  imports jax, and vLLM failed with "Model architectures ... failed to be inspected"."""
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  return {"cwd": workdir, "env": {**env, **peer_environment(usable_cores())}}
+
+
 class SubprocessPeer:
   """A peer (hf or vllm) in another Python interpreter, e.g. vLLM's own virtual environment;
   same `name`, `generate`, `cores` and `core_count` as the in-process runners, plus the peer's
@@ -275,9 +285,9 @@ class SubprocessPeer:
     self.log_path = os.path.join(self.dir, "peer.log")
     with open(self.log_path, "w") as log:
       self.proc = subprocess.Popen(
-          [python, os.path.abspath(__file__), name, hf_dir, dtype, str(int(greedy)),
-           str(max_len), device], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-          text=True, env={**os.environ, **peer_environment(usable_cores())})
+          [python, os.path.abspath(__file__), name, os.path.abspath(hf_dir), dtype,
+           str(int(greedy)), str(max_len), device], stdin=subprocess.PIPE,
+          stdout=subprocess.PIPE, stderr=log, text=True, **peer_process_kwargs(self.dir))
     self.pid = self.proc.pid
     ready = json.loads(self._reply(_READY))
     self.versions, self.cores, self.core_count = (

@@ -113,12 +113,14 @@ def test_bench_side_by_side_agrees_with_generate(ckpt_root):
       ("seedrl", 1), ("hf", 1), ("seedrl", 2), ("hf", 2)]
   for row in rows:
     assert row["tokens_per_s"] > 0 and row["ttft_s"] > 0 and row["fraction_of_bound"] > 0, row
+    low, high = row["tokens_per_s_range"]
+    assert low <= row["tokens_per_s"] <= high, row
     assert row["tokens"].shape == (row["batch"], 8)
   for row in rows[1::2]:
     assert row["agreement"] == 1.0 and row["first_divergence"] == 8, row
   report = "\n".join(lines)
-  assert ("| system | batch | tok/s | TTFT | compile | busy cores | fraction of bound | "
-          "agreement |") in report
+  assert ("| system | batch | tok/s, median [min-max] | TTFT | compile | busy cores | "
+          "fraction of bound | agreement |") in report
   assert "host copy bandwidth" in report
   # Both systems were given every usable core, and each says so in the header.
   cores = len(os.sched_getaffinity(0))
@@ -445,3 +447,23 @@ def test_a_reward_model_checkpoint_loads_as_the_scalar_head(tmp_path):
   classifier(2, tmp_path / "two")
   with pytest.raises(hf.CheckpointError, match="with 2 labels: a reward model"):
     hf.load_pretrained(str(tmp_path / "two"), dtype="float32")
+
+
+def test_a_peer_interpreter_does_not_import_this_repositorys_packages(tmp_path, monkeypatch):
+  """A peer (vLLM's own venv) runs outside the repository and without PYTHONPATH: transformers
+  probes for the Hub's `kernels` package, and from the repository root a `python -m` child (how
+  vLLM inspects models) imported our `kernels/` instead, which needs jax, and vLLM refused the
+  model. The probe, run as the peer's children run, must not find the repository's package
+  (`-S`: no site-packages, where this environment has the repository installed and a peer's venv
+  does not)."""
+  import subprocess
+  import sys
+  from launch import rollout_peers
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  monkeypatch.chdir(repo)
+  monkeypatch.setenv("PYTHONPATH", repo)
+  probe = ("import importlib.util as u, sys; s = u.find_spec('kernels'); "
+           "print(s.origin if s else None)")
+  found = subprocess.run([sys.executable, "-S", "-c", probe], capture_output=True, text=True,
+                         check=True, **rollout_peers.peer_process_kwargs(str(tmp_path))).stdout
+  assert not found.strip().startswith(repo), found
