@@ -51,6 +51,8 @@ reuse dapo_clip/rl.clip_high=0.28, dapo_ds/rl.dynamic_sampling=True,
 sweep configs/demo.py dapo_ds 'rl.dynamic_sampling=True,False'
 # The recipes side by side (DAPO is dapo_clip's first point).
 for recipe in grpo grpo_v32 vapo; do sweep "configs/demo.py:$recipe" "$recipe"; done
+python launch/sweep.py "--root=$ROOT/recipes" "--target=$TARGET" --points="DAPO=$ROOT/dapo_clip/\
+rl.clip_high=0.28,;GRPO=$ROOT/grpo/;grpo_v32=$ROOT/grpo_v32/;VAPO=$ROOT/vapo/"
 # VAPO: value pretraining. DeepSeek-V3.2's GRPO: off-policy sequence masking, the unbiased KL
 # estimate against k3.
 reuse vapo/ vapo_pretrain/rl.critic_warmup_steps=10,

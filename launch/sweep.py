@@ -31,12 +31,18 @@ and accuracy_vs_step.png, accuracy_vs_time.png (the RL stage's wall time, resume
 up; each evaluation at the seeds' mean time) and entropy_vs_step.png (the policy's token entropy during the updates): the mean over
 seeds as a line, min-max as a band. A "sft_rl" run's curves start at step 0 with the SFT
 checkpoint's held-out accuracy.
+
+--points puts finished runs of other sweeps side by side in one report (no --config, no run
+starts): `--points='DAPO=<root>/dapo_clip/rl.clip_high=0.28,;GRPO=<root>/grpo/' --root=<out>`,
+each entry a label and a workdir prefix whose runs are <prefix>seed=N (their config.json gives
+each run's job and steps).
 """
 
 from __future__ import annotations
 
 import datetime
 import difflib
+import glob
 import hashlib
 import io
 import itertools
@@ -81,6 +87,10 @@ _TARGET = cli.define(
     flags.DEFINE_float, "target", 0.0, "A held-out accuracy: the table adds each grid point's "
     "steps and RL wall time to reach it (the first evaluation at or above it; 0: no column).",
     lower_bound=0.0, upper_bound=1.0)
+_POINTS = cli.define(
+    flags.DEFINE_string, "points", "", "Instead of --config and --grid: report finished runs of "
+    "other sweeps side by side, 'label=<workdir prefix>;...' (the runs <prefix>seed=N); starts "
+    "no run.")
 _REPORT_ONLY = cli.define(flags.DEFINE_bool, "report_only", False, "Start no run: rebuild the "
                           "table and plots from the finished runs' workdirs.")
 
@@ -197,6 +207,29 @@ def plan(config_arg: str, overrides: list[str], grid: str, seeds: list[int], roo
       name = run_name(point, seed)
       runs.append(Run(point_name(point), point, seed, name, os.path.join(root, name),
                       config.job, config.train.steps))
+  return runs
+
+
+def runs_of_points(spec: str) -> list[Run]:
+  """--points: for each 'label=prefix' entry, the runs <prefix>seed=N as one point `label`, with
+  the job and steps their config.json records (InputError naming an entry without runs)."""
+  runs = []
+  for entry in filter(None, (e.strip() for e in spec.split(";"))):
+    label, eq, prefix = entry.partition("=")
+    if not (eq and label and prefix):
+      raise InputError(f"--points entry {entry!r}: write it label=<workdir prefix>")
+    workdirs = [w for w in sorted(glob.glob(glob.escape(prefix) + "seed=*"))
+                if w.rsplit("seed=", 1)[1].isdigit()]
+    if not workdirs:
+      raise InputError(f"--points {label}: no run {prefix}seed=N")
+    for workdir in workdirs:
+      try:
+        with open(os.path.join(workdir, "config.json")) as f:
+          config = json.load(f)
+      except (OSError, ValueError) as e:
+        raise InputError(f"--points {label}: {workdir}/config.json: {e}") from None
+      runs.append(Run(label, (), int(workdir.rsplit("seed=", 1)[1]), os.path.basename(workdir),
+                      os.path.realpath(workdir), config["job"], config["train"]["steps"]))
   return runs
 
 
@@ -422,6 +455,15 @@ def passed_overrides(argv: list[str]) -> list[str]:
 
 def main(argv):
   cli.no_arguments(argv)
+  if _POINTS.value:
+    if _CONFIG.value is not None or _GRID.value:
+      raise InputError("--points reports runs already made: give it without --config and --grid")
+    if not _ROOT.value:
+      raise InputError("--root=<directory> is required")
+    report(runs_of_points(_POINTS.value), os.path.abspath(_ROOT.value),
+           shlex.join(["python", "launch/sweep.py"] + sys.argv[1:]), _TARGET.value)
+    logging.info("table in %s", os.path.join(os.path.abspath(_ROOT.value), "sweep.md"))
+    return
   if _CONFIG.value is None:
     raise InputError("--config=configs/<name>.py is required")
   if not _ROOT.value:

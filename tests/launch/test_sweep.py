@@ -269,3 +269,26 @@ def test_real_sweep_end_to_end_with_a_run_killed_halfway(tmp_path):
   out, _ = _sweep(root, *args, "--report_only").communicate(timeout=300)
   assert "] start " not in out and (root / "sweep.md").read_text() == table
   assert (root / "entropy_vs_step.png").exists()
+
+
+def test_points_put_other_sweeps_runs_side_by_side(tmp_path):
+  """--points: runs of two sweeps (one a grid point's, one a base config's) reported as one table
+  with a row per label, each over its own seeds; an entry that names no run is one line."""
+  script = tmp_path / "fake_train.py"
+  script.write_text(FAKE_TRAINER)
+  for sub, grid in (("a", "train.steps=3"), ("b", "")):
+    runs = sweep.plan(DEMO, TINY, grid, [0, 1] if sub == "a" else [2], str(tmp_path / sub))
+    sweep.execute(runs, fake_command(script), parallel=1)
+    for run in runs:  # what train.py writes beside the metrics
+      with open(os.path.join(run.workdir, "config.json"), "w") as f:
+        json.dump({"job": run.job, "train": {"steps": run.steps}}, f)
+  runs = sweep.runs_of_points(f"A={tmp_path}/a/train.steps=3,;B={tmp_path}/b/")
+  assert [(r.point, r.seed) for r in runs] == [("A", 0), ("A", 1), ("B", 2)]
+  points = sweep.report(runs, str(tmp_path / "out"), "cmd")
+  # The fake's held-out accuracy at its last step is (seed + steps) / 10.
+  assert [(p["point"], p["seeds"], round(p["final_heldout_acc"]["mean"], 6)) for p in points] == [
+      ("A", [0, 1], 0.35), ("B", [2], round((2 + runs[-1].steps) / 10, 6))]
+  with pytest.raises(InputError, match="--points C: no run .*/c/seed=N"):
+    sweep.runs_of_points(f"C={tmp_path}/c/")
+  with pytest.raises(InputError, match="write it label=<workdir prefix>"):
+    sweep.runs_of_points("nolabel")
