@@ -20,8 +20,8 @@ system of --compare (HF transformers `generate`; vLLM and Tunix when importable;
 are in launch/rollout_peers.py) decode the same random prompts (ids in [1, vocab) from --seed; 0
 is the pad id) at each --batches size, stop ids off so every row yields exactly --response_len
 tokens. Per system and batch: tok/s = B*M / median wall time of --repeats calls after a warm-up
-call (prefill included), with the min-max over those calls beside it; TTFT = median wall time of the same call with one new token (prefill of
-the batch + its first token; for seedrl an engine run with response_len=1); compile = the
+call (prefill included), with the min-max over those calls beside it; TTFT = median wall time of
+the same call with one new token (prefill of the batch + its first token; for seedrl an engine run with response_len=1); compile = the
 warm-up call's wall time (jit compilation for the JAX systems); busy cores = CPU seconds of the
 system's processes (all threads, descendants included) / wall seconds over the timed calls;
 fraction of bound = (tok/s / B)
