@@ -389,6 +389,10 @@ def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
   log(host_line(load_s, {s.name: s.versions for s in systems if hasattr(s, "versions")}))
   for line in core_lines:
     log(line)
+  if "vllm" in compare:
+    log("work: every system prefills every call's prompts (vllm: "
+        + ", ".join(f"{k}={v}" for k, v in rollout_peers.VLLM_SAME_WORK.items())
+        + "; the bench repeats its prompts)")
   for system in systems:
     if hasattr(system, "close"):
       system.close()

@@ -12,8 +12,14 @@ import math
 import jax
 import jax.numpy as jnp
 
-# Rows (tokens) at or below which a product runs blocked over its output (decoding).
-DECODE_ROWS = 64
+# Rows (tokens) at or below which a product runs blocked over its output (decoding), by the
+# operands' bytes per element. Measured on the 2-core Intel Xeon host (AVX-512, AMX), 24 layers
+# of Qwen2.5-0.5B-shaped MLP products each from its own weights (cold cache, as in decoding):
+# fp32, blocked wins at every row count to 64 (32 rows: 165-183 ms against 244); bf16, it wins
+# to 16 rows (8 rows: 42-44 against 51-55 ms) and not from 24 (24 rows: 81-108 against 63-77;
+# 64 rows: 112-164 against 92-132). An engine call of 32 bf16 rows x 128 tokens: 133-151 tok/s
+# blocked, 159-174 as one product (docs/performance.md).
+DECODE_ROWS = {2: 16, 4: 64}
 _OUT_BLOCKS = (128, 64)
 
 
@@ -21,8 +27,8 @@ def matmul_out_in(x: jax.Array, w: jax.Array, dtype=None) -> jax.Array:
   """x [..., in] times w [out, in] -> [..., out] in `dtype` (default x's dtype).
 
   XLA:CPU's GEMM choices decide decode speed (a Qwen2.5-0.5B-shaped layer stack):
-  - with at most DECODE_ROWS rows (a decode step) the product runs as out/128 blocks of
-    [128, in]. XLA:CPU's GEMM packs its whole right-hand operand on every call, which at 8-32
+  - with at most DECODE_ROWS[bytes per element] rows (a decode step: 64 fp32 rows, 16 bf16
+    rows) the product runs as out/128 blocks of [128, in]. XLA:CPU's GEMM packs its whole right-hand operand on every call, which at 8-32
     rows costs about as much as the product (fp32, 8 rows: 139 ms per step plain, 85 ms
     blocked); a [128, in] block is packed from cache;
   - bf16 / fp16 products accumulate in fp32 (preferred_element_type) and round once: a bf16
@@ -38,7 +44,7 @@ def matmul_out_in(x: jax.Array, w: jax.Array, dtype=None) -> jax.Array:
     if rows == 1:
       x2 = jnp.pad(x2, ((0, 1), (0, 0)))
   block = next((b for b in _OUT_BLOCKS if out % b == 0 and out > b), 0)
-  if block and rows <= DECODE_ROWS:
+  if block and rows <= DECODE_ROWS[x.dtype.itemsize]:
     y = jnp.einsum("mi,boi->bmo", x2, w.reshape(out // block, block, width), **options)
     y = jnp.moveaxis(y, 0, 1).reshape(x2.shape[0], out)
   else:

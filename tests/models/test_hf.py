@@ -174,6 +174,23 @@ def test_bench_gives_every_peer_the_whole_machine():
   assert check_equal_cores([seedrl, whole])[1] == "cores: vllm: vLLM's log: core ids [0, 1] (2)"
 
 
+def test_the_vllm_peer_prefills_every_call_as_seedrl_does(monkeypatch):
+  """The bench repeats its prompts; vLLM's default prefix caching would let its timed calls
+  skip most of their prefill. The peer builds its LLM with prefix caching off (a stand-in
+  `vllm` module records the arguments)."""
+  import sys
+  import types
+  from launch import rollout_peers
+  made = {}
+  fake = types.SimpleNamespace(LLM=lambda **kwargs: made.update(kwargs))
+  monkeypatch.setitem(sys.modules, "vllm", fake)
+  for key, value in rollout_peers.peer_environment(rollout_peers.usable_cores()).items():
+    monkeypatch.setenv(key, value)  # the peer sets these for vLLM; restored after the test
+  rollout_peers.VLLMGenerate("/some/model", "bfloat16", greedy=True, max_len=192)
+  assert made["enable_prefix_caching"] is False
+  assert made["model"] == "/some/model" and made["max_model_len"] == 192
+
+
 def test_cpu_seconds_counts_the_whole_process_tree():
   """A peer's work may run in a child process (vLLM's engine core): the CPU time of a shell
   whose child spins for 1 s includes the child's."""

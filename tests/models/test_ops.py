@@ -46,19 +46,22 @@ def test_matmul_out_in_equals_one_einsum(dtype, atol, lead, out):
                              rtol=0.02 if dtype == "bfloat16" else 1e-5)
 
 
-def _weight_shapes(rows: int) -> list[tuple[int, ...]]:
+def _weight_shapes(rows: int, dtype=jnp.float32) -> list[tuple[int, ...]]:
   """The weight operand's shape in each product `matmul_out_in` traces for `rows` rows."""
   jaxpr = jax.make_jaxpr(lambda x, w: ops.matmul_out_in(x, w))(  # a fresh trace
-      jnp.ones((rows, 64)), jnp.ones((256, 64)))
+      jnp.ones((rows, 64), dtype), jnp.ones((256, 64), dtype))
   return [next(tuple(v.aval.shape) for v in e.invars if v.aval.shape[0] != rows)
           for e in jaxpr.eqns if e.primitive.name == "dot_general"]
 
 
 def test_cpu_decode_rows_take_the_blocked_product_and_tpu_programs_do_not():
-  """A decode step on CPU (8 rows) multiplies by [out/128, 128, in] blocks; prefill-sized
-  rows and any program traced for TPU keep the single [out, in] product."""
-  assert _weight_shapes(8) == [(2, 128, 64)]
-  assert _weight_shapes(ops_cpu.DECODE_ROWS + 1) == [(256, 64)]
+  """A decode step on CPU (8 rows) multiplies by [out/128, 128, in] blocks, to 64 fp32 rows
+  and 16 bf16 rows; prefill-sized rows and any program traced for TPU keep the single
+  [out, in] product."""
+  for dtype, most in ((jnp.float32, 64), (jnp.bfloat16, 16)):
+    assert ops_cpu.DECODE_ROWS[jnp.dtype(dtype).itemsize] == most
+    assert _weight_shapes(8, dtype) == _weight_shapes(most, dtype) == [(2, 128, 64)]
+    assert _weight_shapes(most + 1, dtype) == [(256, 64)]
   with kernels.target_platform("tpu"):
     assert _weight_shapes(8) == [(256, 64)]
 
