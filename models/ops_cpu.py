@@ -28,9 +28,10 @@ def matmul_out_in(x: jax.Array, w: jax.Array, dtype=None) -> jax.Array:
 
   XLA:CPU's GEMM choices decide decode speed (a Qwen2.5-0.5B-shaped layer stack):
   - with at most DECODE_ROWS[bytes per element] rows (a decode step: 64 fp32 rows, 16 bf16
-    rows) the product runs as out/128 blocks of [128, in]. XLA:CPU's GEMM packs its whole right-hand operand on every call, which at 8-32
-    rows costs about as much as the product (fp32, 8 rows: 139 ms per step plain, 85 ms
-    blocked); a [128, in] block is packed from cache;
+    rows) the product runs as out/128 blocks of [128, in]. XLA:CPU's GEMM packs its whole
+    right-hand operand on every call, which at 8-32 rows costs about as much as the product
+    (fp32, 8 rows: 139 ms per step plain, 85 ms blocked); a [128, in] block is packed from
+    cache;
   - bf16 / fp16 products accumulate in fp32 (preferred_element_type) and round once: a bf16
     output sends XLA:CPU to a path 5-10x slower (8 rows: 545 ms plain bf16, 37 ms this way),
     and a single row is padded to two, which its bf16 single-row path is equally slow at.
