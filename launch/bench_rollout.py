@@ -148,7 +148,8 @@ class SeedRLEngine:
   name = "seedrl"
 
   def __init__(self, model, greedy: bool):
-    self.graphdef, self.state = nnx.split(model)
+    # Laid out for decoding once, as vLLM packs its weights once at load (rollout_lib.decode_weights).
+    self.graphdef, self.state = rollout_lib.decode_weights(*nnx.split(model))
     self.cores = f"XLA:CPU, cores {rollout_peers.usable_cores()}"
     self.core_count = len(rollout_peers.usable_cores())
     self.cfg = rollout_lib.RolloutConfig(greedy=greedy, temperature=1.0)
@@ -393,6 +394,8 @@ def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
     log("work: every system prefills every call's prompts (vllm: "
         + ", ".join(f"{k}={v}" for k, v in rollout_peers.VLLM_SAME_WORK.items())
         + "; the bench repeats its prompts)")
+  log("weights: laid out for decoding once at load, not per call (seedrl: "
+      "rollout_lib.decode_weights; vLLM packs its own at load)")
   for system in systems:
     if hasattr(system, "close"):
       system.close()

@@ -212,6 +212,7 @@ class StreamingRollout:
       raise ValueError(f"num_groups={num_groups}: must be positive")
     if self.mesh is not None:
       state = reshard_weights(state, self.mesh, self.rules)
+    graphdef, state = engine.decode_weights(graphdef, state)  # once for all of this call's rounds
     restarted = self._restart_stale(policy_version)
     while self._queue:
       group = self._queue.popleft()

@@ -125,6 +125,7 @@ class ToolRollout:
                       rows: int) -> GenerateFn:
     """`GenerateFn` backed by the rollout engine; `rows` fixes the batch (one compilation)."""
     engine_cfg = engine_cfg.replace(batch_size=rows, max_prompt_len=0)
+    graphdef, state = rollout_lib.decode_weights(graphdef, state)  # once for all the waves
 
     def generate(ids, lens, uids, generated_before, max_new):
       out = rollout_lib.run_engine(

@@ -419,3 +419,23 @@ def test_growing_cache_widths_do_not_change_the_samples(name, monkeypatch):
   assert grown_stats["decode_steps"] == full_stats["decode_steps"]
   lengths = np.asarray(full.prompt_lens) + np.asarray(full.response_mask).sum(-1)
   assert lengths.max() > 9 + 5  # some row decoded in the third phase (past two widths)
+
+
+@pytest.mark.parametrize("name", ["tiny_dense", "tiny_qwen3_moe"])
+def test_weights_laid_out_once_give_the_same_rollout(name):
+  """`decode_weights` lays the weights out once for several engine calls: the engine's own
+  per-call layout pass then returns every array as it was given (nothing copied again), and
+  the rollout's tokens, log-probs and routing equal those from the trainer's layout."""
+  from models import ops
+  graphdef, state = tiny(name)
+  laid_graphdef, laid = engine.decode_weights(graphdef, state)
+  assert laid_graphdef != graphdef  # on CPU: layers unstacked, kernels stored output-major
+  again_graphdef, again = ops.sampler_layout(laid_graphdef, laid)
+  assert again_graphdef == laid_graphdef
+  assert all(a is b for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(laid)))
+  cfg = FULL_CFG.replace(max_prompt_len=9)
+  runs = [trajectories.generate(g, s, PROMPTS, jax.random.key(0), cfg, num_samples=2)
+          for g, s in ((graphdef, state), (laid_graphdef, laid))]
+  np.testing.assert_array_equal(np.asarray(runs[1].tokens), np.asarray(runs[0].tokens))
+  np.testing.assert_array_equal(np.asarray(runs[1].routing), np.asarray(runs[0].routing))
+  np.testing.assert_allclose(runs[1].logp_old, runs[0].logp_old, atol=1e-6, rtol=0)
