@@ -92,51 +92,58 @@ def write_one_slot(buffer: jax.Array, new: jax.Array, start: jax.Array) -> jax.A
   return jnp.where(hit, jnp.moveaxis(new, 1, -2), buffer)
 
 
-# XLA:CPU's ragged_dot has no grouped GEMM (a 756M-parameter Qwen3-MoE shape, top-8 of 64
-# experts, fp32, one layer: 82 / 113 / 324 / 1946 ms for 1 / 8 / 64 / 512 tokens, against
-# 6 / 21 / 63 / 349 ms for `experts`' choices).
-_CHUNK = 64  # tokens per batched-over-experts product (bounds the [E, tokens, D] operand)
+# XLA:CPU's ragged_dot has no grouped GEMM. A Qwen3-MoE shape (top-8 of 64 experts, d 1024, expert
+# width 256), fp32, jitted, medians of 5-20, this project's 2-core host, 2026-11-29:
+# - one layer: ragged_dot 82 / 113 / 324 / 1946 ms at 1 / 8 / 64 / 512 tokens (earlier run);
+#   every expert on every token, 64 tokens at a time, 20-24 / 78-109 / 580-620 ms at 8 / 64 / 512;
+#   `experts` 21-22 / 47-58 / 141-150 ms;
+# - 8 layers, each its own weights (cold, as in decoding), 1 / 2 tokens: each token's k experts
+#   gathered ([N, k, D, F] copies) 100-112 / 200-221 ms; `experts` 25-26 / 47-50 ms;
+# - its tile rows T, 8 layers at 8 / 32 / 64 / 512 tokens: the power of two at most pairs /
+#   experts 184-198 / 301-334 / 408-438 / 861-1017 ms, twice that 131-158 / 267-301 / 343-379 /
+#   1187-1380 (128 rows), four times 159-179 / 340-363 at 8 / 32 tokens.
 
 
 def experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array, w_gate: jax.Array,
             w_up: jax.Array, w_down: jax.Array) -> jax.Array:
-  """The dropless expert FFN: a single token's k experts gathered when they are at most an
-  eighth of the experts (decoding one row), else every expert on up to 64 tokens at a time."""
+  """The dropless expert FFN, each expert on only the tokens routed to it: the (token, expert)
+  pairs sorted by expert, each expert's run padded to whole tiles of T rows (T: 1 with fewer
+  pairs than experts, else twice the power of two at most pairs / experts, capped at 64), then one [T, D] x [D, F] product chain per tile
+  with its expert's weights, read in place; tiles past the last used one are skipped. The
+  outputs, times their gate weights, are added back to their tokens. Static shapes: at most
+  pairs / T + experts tiles."""
   n, k = expert_ids.shape
-  if n * k * 8 <= w_gate.shape[0]:
-    return gathered_experts(x, expert_ids, weights, w_gate, w_up, w_down)
-  if n <= _CHUNK:
-    return experts_by_expert(x, expert_ids, weights, w_gate, w_up, w_down)
-  pad = -n % _CHUNK
+  n_experts, width = w_gate.shape[0], x.shape[-1]
+  pairs = n * k
+  per_expert = pairs // n_experts
+  tile = min(64, 2 << (per_expert.bit_length() - 1)) if per_expert else 1
+  n_tiles = -(-pairs // tile) + n_experts  # sum over experts of ceil(count / T) fits
+  flat = expert_ids.reshape(-1)
+  order = jnp.argsort(flat, stable=True).astype(jnp.int32)  # pairs, grouped by expert
+  counts = jnp.bincount(flat, length=n_experts)
+  tiles_of = -(-counts // tile)
+  tile_end = jnp.cumsum(tiles_of)  # [E]: one past each expert's last tile
+  sorted_e = flat[order]
+  run_start = jnp.cumsum(counts) - counts
+  slot = ((tile_end - tiles_of)[sorted_e] * tile + jnp.arange(pairs) - run_start[sorted_e])
+  slot_pair = jnp.full((n_tiles * tile,), pairs, jnp.int32).at[slot].set(order)
+  filled = slot_pair < pairs
+  token = jnp.where(filled, slot_pair // k, 0)
+  gate = jnp.where(filled, weights.reshape(-1)[jnp.minimum(slot_pair, pairs - 1)], 0)
+  tile_ids = jnp.arange(n_tiles)
+  tile_expert = jnp.minimum(jnp.searchsorted(tile_end, tile_ids, side="right"), n_experts - 1)
 
-  def chunks(a):
-    return jnp.pad(a, ((0, pad),) + ((0, 0),) * (a.ndim - 1)).reshape(-1, _CHUNK, *a.shape[1:])
-  out = jax.lax.map(lambda c: experts_by_expert(*c, w_gate, w_up, w_down),
-                    (chunks(x), chunks(expert_ids), chunks(weights)))
-  return out.reshape(-1, x.shape[-1])[:n]
+  def one_tile(args):
+    xt, e, used = args
 
-
-def gathered_experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array,
-                     w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
-  """Each token times its own k experts' weights, gathered ([N, k, D, F] per projection)."""
-  hidden = (jax.nn.silu(jnp.einsum("nd,nkdf->nkf", x, w_gate[expert_ids]))
-            * jnp.einsum("nd,nkdf->nkf", x, w_up[expert_ids]))
-  out = jnp.einsum("nkf,nkfd->nkd", hidden, w_down[expert_ids])
-  return jnp.einsum("nkd,nk->nd", out, weights.astype(out.dtype))
-
-
-def experts_by_expert(x: jax.Array, expert_ids: jax.Array, weights: jax.Array,
-                      w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
-  """Every expert on every token, one product per projection batched over the experts (each
-  expert's [D, F] weight read in place), combined with one-hot gate weights."""
-  n_experts = w_gate.shape[0]
-  combine = jnp.sum(jax.nn.one_hot(expert_ids, n_experts, dtype=weights.dtype)
-                    * weights[..., None], axis=1)  # [N, E]: 0 where a token did not choose
-  xe = jnp.broadcast_to(x, (n_experts, *x.shape))
-  hidden = (jax.nn.silu(jnp.einsum("end,edf->enf", xe, w_gate))
-            * jnp.einsum("end,edf->enf", xe, w_up))
-  out = jnp.einsum("enf,efd->end", hidden, w_down)
-  return jnp.einsum("end,ne->nd", out, combine.astype(out.dtype))
+    def run(_):
+      hidden = jax.nn.silu(xt @ w_gate[e]) * (xt @ w_up[e])
+      return hidden @ w_down[e]
+    return jax.lax.cond(used, run, lambda _: jnp.zeros((tile, width), x.dtype), None)
+  out = jax.lax.map(one_tile, (x[token].reshape(n_tiles, tile, width), tile_expert,
+                               tile_ids < tile_end[-1]))
+  out = out.reshape(-1, width) * gate[:, None].astype(x.dtype)
+  return jnp.zeros_like(x).at[token].add(out)
 
 
 def decode_phases(new_tokens: int) -> int:

@@ -255,8 +255,9 @@ def test_exchange_is_picked_by_the_target_platform():
     assert "ragged_all_to_all" in lowered()
 
 
-# 16 experts, top 2: one token's experts are an eighth (gathered); 8 and 64 tokens: every expert
-# at once; 130: three chunks of 64, the last padded.
+# 16 experts, top 2: on CPU each expert runs on its own tokens, in tiles of 1 row (1 token),
+# 2 rows (8 tokens), 16 rows (64) and 32 rows (130); skewed routing: runs of unequal lengths,
+# some experts idle.
 @pytest.mark.parametrize("n", [1, 8, 64, 130])
 @pytest.mark.parametrize("experts", [ops_cpu.experts, ops.ragged_experts],
                          ids=["cpu_experts", "ragged_experts"])
@@ -264,3 +265,11 @@ def test_local_dispatch_equals_dense_reference(experts, n):
   """Output and gradients (x, gate weights, every expert weight) equal dense_experts' to fp32
   rounding (relative 1e-5)."""
   _assert_matches_dense(experts, _problem(n=n, n_experts=16))
+
+
+def test_cpu_experts_when_every_token_picks_the_same_experts():
+  """The most skewed routing (64 tokens all on experts 3 and 11: two runs of 8 full tiles, 14
+  experts idle) still equals dense_experts, output and gradients."""
+  x, ids, *rest = _problem(n=64, n_experts=16)
+  ids = jnp.broadcast_to(jnp.array([3, 11], jnp.int32), ids.shape)
+  _assert_matches_dense(ops_cpu.experts, (x, ids, *rest))
