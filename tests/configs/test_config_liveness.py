@@ -708,8 +708,9 @@ def probe_stream(c, workdir, res):
     return {"tokens": tokens, "logp_old": np.zeros(tokens.shape, np.float32),
             "new_count": np.ones(n, np.int32), "stopped": np.ones(n, bool)}
 
-  real = streaming.engine.run_engine
+  real = streaming.engine.run_engine, streaming.engine.decode_weights
   streaming.engine.run_engine = engine
+  streaming.engine.decode_weights = lambda graphdef, state: (graphdef, state)  # no weights here
   try:
     s = t.sources.train.stream
     s.submit(t.task.train_prompts[:4])
@@ -718,7 +719,7 @@ def probe_stream(c, workdir, res):
     _, _, stats = s.collect(t.policy.graphdef, None, policy_version=1, num_groups=2)
     return [rounds, stats["old_groups"], s._restart_stale(3)]
   finally:
-    streaming.engine.run_engine = real
+    streaming.engine.run_engine, streaming.engine.decode_weights = real
 
 
 def probe_tools(c, workdir, res):
