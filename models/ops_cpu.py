@@ -108,10 +108,10 @@ def experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array, w_gate: jax
             w_up: jax.Array, w_down: jax.Array) -> jax.Array:
   """The dropless expert FFN, each expert on only the tokens routed to it: the (token, expert)
   pairs sorted by expert, each expert's run padded to whole tiles of T rows (T: 1 with fewer
-  pairs than experts, else twice the power of two at most pairs / experts, capped at 64), then one [T, D] x [D, F] product chain per tile
-  with its expert's weights, read in place; tiles past the last used one are skipped. The
-  outputs, times their gate weights, are added back to their tokens. Static shapes: at most
-  pairs / T + experts tiles."""
+  pairs than experts, else twice the power of two at most pairs / experts, capped at 64),
+  then one [T, D] x [D, F] product chain per tile with its expert's weights, read in place;
+  tiles past the last used one are skipped. The outputs, times their gate weights, are added
+  back to their tokens. Static shapes: at most pairs / T + experts tiles."""
   n, k = expert_ids.shape
   n_experts, width = w_gate.shape[0], x.shape[-1]
   pairs = n * k

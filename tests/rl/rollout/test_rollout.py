@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 from scipy import stats
 
+from models import ops
 from models import sharding as sharding_lib
 from models.transformer import build
 from rl.rollout import engine, trajectories
@@ -426,7 +427,6 @@ def test_weights_laid_out_once_give_the_same_rollout(name):
   """`decode_weights` lays the weights out once for several engine calls: the engine's own
   per-call layout pass then returns every array as it was given (nothing copied again), and
   the rollout's tokens, log-probs and routing equal those from the trainer's layout."""
-  from models import ops
   graphdef, state = tiny(name)
   laid_graphdef, laid = engine.decode_weights(graphdef, state)
   assert laid_graphdef != graphdef  # on CPU: layers unstacked, kernels stored output-major
