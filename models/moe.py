@@ -10,8 +10,9 @@ Routers:
 
 Dispatch:
 - "ragged": dropless; assignments sorted by expert, grouped matmuls with jax.lax.ragged_dot,
-  weighted scatter-add back to tokens (`models.ops.expert_ffn`: on CPU, the same FFN gathered or
-  batched over experts); with an expert mesh axis, exchanged across it (models/moe_ep.py);
+  weighted scatter-add back to tokens (`models.ops.expert_ffn`: on CPU, the same FFN with each
+  expert on its own tokens in tiles); with an expert mesh axis, exchanged across it
+  (models/moe_ep.py);
 - "dense": every expert on every token, combined with one-hot gate weights (the reference).
 
 Routing replay (DeepSeek-V3.2 keep-routing): a caller may pass the expert ids to use; the gate
@@ -156,6 +157,31 @@ class MoE(nnx.Module):
                         dtype=cfg.param_dtype)
     self.shared = (MLP(cfg, cfg.n_shared_experts * f, rngs=rngs)
                    if cfg.n_shared_experts else None)
+    self.per_expert = False  # True: w_* are lists of E per-expert params (`store_per_expert`)
+
+  def store_per_expert(self) -> None:
+    """Replaces each stacked expert weight [E, ...] by an nnx.List of its E experts, in place:
+    the CPU rollout engine's layout (`models.ops.sampler_layout`), where `ops.expert_ffn` then
+    multiplies by an expert's weights where they lie instead of copying them out of the stack
+    for every product. A second copy of the experts' weights, held as long as the layout is.
+    Kept stacked under the "dense" reference dispatch, which takes them stacked."""
+    if self.per_expert or self.cfg.moe_dispatch != "ragged":
+      return
+    for name in ("w_gate", "w_up", "w_down"):
+      w = getattr(self, name)[...]
+      setattr(self, name, nnx.List([nnx.Param(w[e]) for e in range(w.shape[0])]))
+    self.per_expert = True
+
+  def _expert_weights(self, dt, stacked: bool) -> tuple:
+    """(w_gate, w_up, w_down) in dtype dt: stacked [E, ...] arrays, or with the per-expert layout
+    and `stacked` False, tuples of E arrays."""
+    def weight(name):
+      w = getattr(self, name)
+      if not self.per_expert:
+        return w[...].astype(dt)
+      experts = tuple(p[...].astype(dt) for p in w)
+      return jnp.stack(experts) if stacked else experts
+    return weight("w_gate"), weight("w_up"), weight("w_down")
 
   def __call__(self, x: jax.Array, *, expert_ids: jax.Array | None = None,
                token_mask: jax.Array | None = None, dispatch: str | None = None):
@@ -184,8 +210,9 @@ class MoE(nnx.Module):
                                          capacity_factor=cfg.moe_capacity_factor)
     else:
       experts = dense_experts
-    y = experts(flat.astype(dt), ids, weights.astype(dt), self.w_gate[...].astype(dt),
-                self.w_up[...].astype(dt), self.w_down[...].astype(dt))
+    # Only the local dropless FFN takes per-expert weights; the others get them stacked again.
+    stacked = experts is not ops.expert_ffn
+    y = experts(flat.astype(dt), ids, weights.astype(dt), *self._expert_weights(dt, stacked))
     y = y.reshape(batch, steps, dim)
     if self.shared is not None:
       y = y + self.shared(x)

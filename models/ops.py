@@ -11,12 +11,13 @@ the same function and agree to rounding.
 - `swiglu`: the MLP's silu(gate(x)) * up(x).
 - `grouped_attention`: GQA / MLA-MHA attention over head-major keys; one-row decode on CPU is a
   fused multiply-and-reduce.
-- `expert_ffn`: the dropless local expert FFN (grouped ragged_dot; on CPU gathered or batched
-  over experts).
+- `expert_ffn`: the dropless local expert FFN (grouped ragged_dot; on CPU each expert on its own
+  tokens in tiles, `ops_cpu.experts`).
 - `expert_exchange`: how expert parallelism exchanges tokens (models/moe_ep.py).
 - `write_slots`: a KV cache write (scatter; one 16-bit row on CPU, a select).
 - `sampler_layout`: the rollout engine's weight layout, a pure (graphdef, state) step; on CPU,
-  layers unstacked and product kernels stored output-major for `matmul_out_in`'s blocked decode.
+  layers unstacked, product kernels stored output-major for `matmul_out_in`'s blocked decode,
+  and routed experts' weights held per expert for `expert_ffn`.
 - `decode_phases`: how many cache widths one engine call decodes through.
 """
 
@@ -102,9 +103,12 @@ def ragged_experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array, w_ga
 def expert_ffn(x: jax.Array, expert_ids: jax.Array, weights: jax.Array, w_gate: jax.Array,
                w_up: jax.Array, w_down: jax.Array) -> jax.Array:
   """The dropless expert FFN on this device's tokens: `ragged_experts`, or on CPU
-  `ops_cpu.experts` (XLA:CPU's ragged_dot has no grouped GEMM)."""
-  body = ops_cpu.experts if on_cpu() else ragged_experts
-  return body(x, expert_ids, weights, w_gate, w_up, w_down)
+  `ops_cpu.experts` (XLA:CPU's ragged_dot has no grouped GEMM). The weights may also come as
+  sequences of per-expert arrays (the CPU sampler layout); elsewhere those are stacked."""
+  if on_cpu():
+    return ops_cpu.experts(x, expert_ids, weights, w_gate, w_up, w_down)
+  w_gate, w_up, w_down = (w if hasattr(w, "shape") else jnp.stack(w) for w in (w_gate, w_up, w_down))
+  return ragged_experts(x, expert_ids, weights, w_gate, w_up, w_down)
 
 
 def expert_exchange() -> str:
@@ -136,8 +140,9 @@ def sampler_layout(graphdef, state):
   weights where they lie instead of slicing them out of the stack: d_model 512, 8 layers, 32
   rows x 256 tokens, 651 -> 798 tok/s), and every projection kernel that decode multiplies by
   is stored output-major, so each step takes `matmul_out_in`'s blocked product (XLA does not
-  hoist a transpose out of the loop itself). That holds a second copy of those weights for the
-  call. Elsewhere the weights are used as they are.
+  hoist a transpose out of the loop itself), and the routed experts' weights are held as one
+  array per expert (`models.moe.MoE.store_per_expert`). That holds a second copy of those
+  weights for the call. Elsewhere the weights are used as they are.
   """
   if not on_cpu():
     return graphdef, state
@@ -146,6 +151,8 @@ def sampler_layout(graphdef, state):
   for _, module in model.iter_modules():
     if getattr(module, "out_major", None) is False:  # a product's kernel, stored [in, *out]
       module.store_out_major()
+    if getattr(module, "per_expert", None) is False:  # routed experts, stacked [E, ...]
+      module.store_per_expert()
   return nnx.split(model)
 
 

@@ -1,5 +1,5 @@
 """Expert dispatches against the dense reference: expert parallelism (models/moe_ep.py) on 8
-CPU devices, ragged_dot (TPU / GPU) and `ops_cpu.experts` (each of its three forms)."""
+CPU devices, ragged_dot (TPU / GPU) and `ops_cpu.experts` (weights stacked or per expert)."""
 
 import functools
 
@@ -258,12 +258,18 @@ def test_exchange_is_picked_by_the_target_platform():
 # 16 experts, top 2: on CPU each expert runs on its own tokens, in tiles of 1 row (1 token),
 # 2 rows (8 tokens), 16 rows (64) and 32 rows (130); skewed routing: runs of unequal lengths,
 # some experts idle.
+def _cpu_experts_per_expert(x, ids, weights, w_gate, w_up, w_down):
+  """ops_cpu.experts on the sampler's layout: each weight a tuple of per-expert arrays."""
+  return ops_cpu.experts(x, ids, weights, *(tuple(w) for w in (w_gate, w_up, w_down)))
+
+
 @pytest.mark.parametrize("n", [1, 8, 64, 130])
-@pytest.mark.parametrize("experts", [ops_cpu.experts, ops.ragged_experts],
-                         ids=["cpu_experts", "ragged_experts"])
+@pytest.mark.parametrize("experts", [ops_cpu.experts, _cpu_experts_per_expert,
+                                     ops.ragged_experts],
+                         ids=["cpu_experts", "cpu_experts_per_expert", "ragged_experts"])
 def test_local_dispatch_equals_dense_reference(experts, n):
   """Output and gradients (x, gate weights, every expert weight) equal dense_experts' to fp32
-  rounding (relative 1e-5)."""
+  rounding (relative 1e-5), with the weights stacked or (CPU sampler layout) per expert."""
   _assert_matches_dense(experts, _problem(n=n, n_experts=16))
 
 
