@@ -110,9 +110,10 @@ def experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array, w_gate: jax
   """The dropless expert FFN, each expert on only the tokens routed to it: the (token, expert)
   pairs sorted by expert, each expert's run padded to whole tiles of T rows (T: 1 with fewer
   pairs than experts, else twice the power of two at most pairs / experts, capped at 64),
-  then one [T, D] x [D, F] product chain per tile with its expert's weights, read in place;
-  tiles past the last used one are skipped. The outputs, times their gate weights, are added
-  back to their tokens. Static shapes: at most pairs / T + experts tiles.
+  then one [T, D] x [D, F] product chain per tile with its expert's weights; tiles past the
+  last used one are skipped. The outputs, times their gate weights, are added back to their
+  tokens. Static shapes: at most (pairs + (T - 1) * min(E, pairs)) / T tiles (one decode row:
+  its k tiles, not k + E).
 
   The weights are stacked arrays [E, D, F] / [E, F, D], or (the rollout engine's layout,
   `models.moe.MoE.store_per_expert`) sequences of E per-expert arrays. Stacked, XLA copies the
@@ -126,7 +127,9 @@ def experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array, w_gate: jax
   pairs = n * k
   per_expert = pairs // n_experts
   tile = min(64, 2 << (per_expert.bit_length() - 1)) if per_expert else 1
-  n_tiles = -(-pairs // tile) + n_experts  # sum over experts of ceil(count / T) fits
+  # Tiles used: sum over experts of ceil(count / T) = (pairs + the used experts' padding) / T,
+  # with at most T - 1 padding rows for each of at most min(E, pairs) used experts.
+  n_tiles = (pairs + (tile - 1) * min(n_experts, pairs)) // tile
   flat = expert_ids.reshape(-1)
   order = jnp.argsort(flat, stable=True).astype(jnp.int32)  # pairs, grouped by expert
   counts = jnp.bincount(flat, length=n_experts)
