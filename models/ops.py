@@ -103,12 +103,10 @@ def ragged_experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array, w_ga
 def expert_ffn(x: jax.Array, expert_ids: jax.Array, weights: jax.Array, w_gate: jax.Array,
                w_up: jax.Array, w_down: jax.Array) -> jax.Array:
   """The dropless expert FFN on this device's tokens: `ragged_experts`, or on CPU
-  `ops_cpu.experts` (XLA:CPU's ragged_dot has no grouped GEMM). The weights may also come as
-  sequences of per-expert arrays (the CPU sampler layout); elsewhere those are stacked."""
-  if on_cpu():
-    return ops_cpu.experts(x, expert_ids, weights, w_gate, w_up, w_down)
-  w_gate, w_up, w_down = (w if hasattr(w, "shape") else jnp.stack(w) for w in (w_gate, w_up, w_down))
-  return ragged_experts(x, expert_ids, weights, w_gate, w_up, w_down)
+  `ops_cpu.experts` (XLA:CPU's ragged_dot has no grouped GEMM), which also takes the CPU
+  sampler layout's per-expert weights."""
+  body = ops_cpu.experts if on_cpu() else ragged_experts
+  return body(x, expert_ids, weights, w_gate, w_up, w_down)
 
 
 def expert_exchange() -> str:
