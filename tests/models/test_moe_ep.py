@@ -255,14 +255,14 @@ def test_exchange_is_picked_by_the_target_platform():
     assert "ragged_all_to_all" in lowered()
 
 
-# 16 experts, top 2: on CPU each expert runs on its own tokens, in tiles of 1 row (1 token),
-# 2 rows (8 tokens), 16 rows (64) and 32 rows (130); skewed routing: runs of unequal lengths,
-# some experts idle.
 def _cpu_experts_per_expert(x, ids, weights, w_gate, w_up, w_down):
   """ops_cpu.experts on the sampler's layout: each weight a tuple of per-expert arrays."""
   return ops_cpu.experts(x, ids, weights, *(tuple(w) for w in (w_gate, w_up, w_down)))
 
 
+# 16 experts, top 2: on CPU each expert runs on its own tokens, in tiles of 1 row (1 token),
+# 2 rows (8 tokens), 16 rows (64) and 32 rows (130); skewed routing: runs of unequal lengths,
+# some experts idle.
 @pytest.mark.parametrize("n", [1, 8, 64, 130])
 @pytest.mark.parametrize("experts", [ops_cpu.experts, _cpu_experts_per_expert,
                                      ops.ragged_experts],
