@@ -16,6 +16,8 @@ How one call runs (`run_engine`, all inside one jit):
   decode  one cached forward step processes the drawn tokens (this records the experts every
           token was processed with, the stop token included) and parks the next logits; slots
           whose sequence hit a stop id or its token budget become free for the next refill.
+          A finished row's token goes through the model only to record its routing, so
+          without keep-routing the step that finishes every row runs no forward.
 
 Shapes are bucketed (prompt width to a multiple of `prompt_bucket` or a fixed
 `max_prompt_len`; sequence count to a multiple of the slot count), so steady-state calls reuse
@@ -281,11 +283,26 @@ def _engine_fn(graphdef, spec: _EngineSpec):
       done = stop | (c["slot_new"] >= max_new[seq])
       c["new_count"] = c["new_count"].at[row].set(c["slot_new"], mode="drop")
       c["stopped"] = c["stopped"].at[row].set(stop, mode="drop")
-      out = model.forward(token[:, None], cache=c["cache"], num_new=active.astype(jnp.int32))
-      c["cache"] = out.cache
-      c["slot_logits"] = out.logits[:, 0]
+      # The drawn tokens go through the model only where something reads the result: the next
+      # logits of a row that goes on, or the routing of any drawn token when it is recorded. A
+      # finished row's slot is refilled (cache rows and logits overwritten) or stays empty, so
+      # the step that draws every row's last token runs no forward, as HF `generate` and vLLM
+      # run none after their last token.
+      forward_rows = active & ~done if not record_routing else active
+
+      def forward(cache):
+        out = model.forward(token[:, None], cache=cache, num_new=forward_rows.astype(jnp.int32))
+        return out.cache, out.logits[:, 0], out.routing[:, 0] if record_routing else None
+
+      def skip(cache):
+        routing = (jnp.zeros((slots, *c["routing"].shape[2:]), c["routing"].dtype)
+                   if record_routing else None)  # no active row: the writes are dropped
+        return cache, c["slot_logits"], routing
+
+      c["cache"], c["slot_logits"], routing = jax.lax.cond(
+          jnp.any(forward_rows), forward, skip, c["cache"])
       if record_routing:
-        c["routing"] = c["routing"].at[row, position].set(out.routing[:, 0], mode="drop")
+        c["routing"] = c["routing"].at[row, position].set(routing, mode="drop")
       c["slot_seq"] = jnp.where(done, free, c["slot_seq"])
       c["steps"] = c["steps"] + 1
       return c

@@ -14,7 +14,7 @@ from scipy import stats
 
 from models import ops
 from models import sharding as sharding_lib
-from models.transformer import build
+from models.transformer import Transformer, build
 from rl.rollout import engine, trajectories
 from rl.core import sampling
 
@@ -285,6 +285,41 @@ def test_no_recompilation_across_prompt_lengths():
     traj = call(seed, n_prompts)
   assert engine.trace_count() == before
   assert np.asarray(traj.tokens).shape == (10, 8 + cfg.max_new_tokens)
+
+
+@pytest.mark.parametrize("name,keep_routing,forwards", [
+    ("tiny_dense", False, 2), ("tiny_qwen3_moe", False, 2), ("tiny_qwen3_moe", True, 3)])
+def test_the_last_drawn_tokens_go_through_no_forward(name, keep_routing, forwards, monkeypatch):
+  """3 new tokens per row take 3 draws but 2 decode forwards, as HF `generate` and vLLM do: the
+  step that draws every row's last token runs no forward, since no one reads its logits. With
+  keep-routing the third forward runs, because it records the last token's routing. An equal
+  graphdef that is a different object reuses the compiled engine."""
+  graphdef, state = tiny(name)
+  seen = []
+
+  def counted(self, tokens, **kwargs):
+    if tokens.shape[1] == 1:  # a decode step (a prefill sees the prompt width)
+      jax.debug.callback(lambda rows: seen.append(int(rows.sum())), kwargs["num_new"])
+    return forward(self, tokens, **kwargs)
+
+  forward = Transformer.forward
+  monkeypatch.setattr(Transformer, "forward", counted)
+  engine._compiled_engine.cache_clear()  # compile with the counting forward
+  try:
+    cfg = engine.RolloutConfig(max_new_tokens=3, greedy=True, keep_routing=keep_routing)
+    ids, lens = np.array([[5, 6, 7], [8, 9, 0]], np.int32), np.array([3, 2], np.int32)
+    out = engine.run_engine(graphdef, state, ids, lens, jax.random.key(0), cfg)
+    jax.effects_barrier()
+    assert int(out["decode_steps"]) == 3 and np.asarray(out["new_count"]).tolist() == [3, 3]
+    assert seen == [2] * forwards
+    before = engine.trace_count()
+    equal_graphdef = nnx.split(nnx.merge(graphdef, state))[0]
+    assert equal_graphdef is not graphdef and equal_graphdef == graphdef
+    again = engine.run_engine(equal_graphdef, state, ids, lens, jax.random.key(0), cfg)
+    assert engine.trace_count() == before
+    np.testing.assert_array_equal(np.asarray(again["tokens"]), np.asarray(out["tokens"]))
+  finally:
+    engine._compiled_engine.cache_clear()  # later tests compile the plain forward again
 
 
 def test_engine_frequencies_match_softmax():
