@@ -13,8 +13,8 @@ the logits:
 
 Without top-p / top-k / vocab_limit the kept set is the whole vocabulary and the log-probs are
 log_softmax(logits / temperature). `sample` draws from it by inverse CDF with one uniform per
-row (`draw`), greedy takes the first maximum (`argmax`), both in two levels over 128 groups of
-ids, and forms only the drawn ids' log-probs.
+row (`inverse_cdf`), greedy takes the first maximum, both in two levels over 128 groups of ids,
+and forms only the drawn ids' log-probs.
 
 Keep-sampling-mask (DeepSeek-V3.2): the rollout records the kept set of every sampled token so
 the trainer restricts its log-softmax to it (pi_old and pi_theta share one action space, and
@@ -156,7 +156,7 @@ def sampling_logprobs(logits: jax.Array, *, temperature: float, top_p: float = 1
   return jnp.where(kept, logp, -jnp.inf), kept
 
 
-_GROUPS = 128  # argmax and draws work on [B, 128, ceil(V / 128)]: one group per row first
+_GROUPS = 128  # the sampler works on [B, 128, ceil(V / 128)]: one group per row first
 
 
 def _grouped(x: jax.Array, fill: float) -> jax.Array:
@@ -173,44 +173,31 @@ def _pick(grouped: jax.Array, group: jax.Array) -> jax.Array:
   return jnp.take_along_axis(grouped, group[:, None, None], axis=1)[:, 0]
 
 
-def argmax(x: jax.Array) -> jax.Array:
-  """jnp.argmax(x, -1) for x [B, V] (the first index of the maximum; rows without NaNs), in two
-  levels: the group of the first maximum, then the index inside it. One (value, index)
-  reduction over a whole row is ~7x slower than a max on XLA:CPU (128 x 151936 fp32: 34 ms
-  against 5; two levels: 2 ms)."""
-  grouped = _grouped(x, -jnp.inf)
-  group = jnp.argmax(jnp.max(grouped, axis=-1), axis=-1)
-  inner = jnp.argmax(_pick(grouped, group), axis=-1)
-  return (group * grouped.shape[-1] + inner).astype(jnp.int32)
-
-
-def draw(keys: jax.Array, weights: jax.Array) -> jax.Array:
-  """One id per row of weights [B, V] (>= 0, not all 0 in a row; 0: never drawn) with
-  P(id) = weight / row sum, keys [B] typed PRNG keys: `inverse_cdf` at one uniform per row.
-  The Gumbel-max draw (jax.random.categorical) needs V random numbers per row, which cost more
-  than the model's decode step (128 x 151936 on XLA:CPU: 240 ms of threefry bits)."""
-  return inverse_cdf(weights, jax.vmap(jax.random.uniform)(keys))
-
-
 def inverse_cdf(weights: jax.Array, u: jax.Array) -> jax.Array:
   """The id where u [B] in [0, 1) falls in the cumulative mass of weights [B, V], in two levels:
   the group (of `_grouped`'s 128), then the id inside it. Ids of weight 0 are never returned."""
   weights = _grouped(weights.astype(jnp.float32), 0.0)  # [B, G, W]
-  mass = jnp.sum(weights, axis=-1)  # [B, G]
+  group, inner = _inverse_cdf_in_groups(jnp.sum(weights, axis=-1),
+                                        lambda group: _pick(weights, group), u)
+  return (group * weights.shape[-1] + inner).astype(jnp.int32)
+
+
+def _inverse_cdf_in_groups(mass: jax.Array, row_of, u: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """`inverse_cdf` from the groups' masses [B, G] and `row_of(group [B])`, the weights [B, W]
+  of one group per row: (group [B], index inside it [B])."""
   upto = jnp.cumsum(mass, axis=-1)
   target = u * upto[:, -1]  # in [0, total)
   # The first group whose cumulative mass passes target has mass > 0; rounding can only leave
   # the count at G when target meets the total, so it is clamped to the last group with mass.
-  last_group = jnp.max(jnp.where(mass > 0, jnp.arange(_GROUPS), 0), axis=-1)
+  last_group = jnp.max(jnp.where(mass > 0, jnp.arange(mass.shape[-1]), 0), axis=-1)
   group = jnp.minimum(jnp.sum(upto <= target[:, None], axis=-1), last_group)
   before = jnp.take_along_axis(upto - mass, group[:, None], axis=-1)[:, 0]
-  row = _pick(weights, group)  # [B, W]
-  width = row.shape[-1]
-  last_id = jnp.max(jnp.where(row > 0, jnp.arange(width), 0), axis=-1)
+  row = row_of(group)  # [B, W]
+  last_id = jnp.max(jnp.where(row > 0, jnp.arange(row.shape[-1]), 0), axis=-1)
   inner = jnp.sum(jnp.cumsum(row, axis=-1) <= (target - before)[:, None], axis=-1)
   # `inner` lands on an id with weight > 0 unless rounding carries it past the group's last
   # such id: clamped there.
-  return (group * width + jnp.minimum(inner, last_id)).astype(jnp.int32)
+  return group, jnp.minimum(inner, last_id)
 
 
 def sample(keys: jax.Array, logits: jax.Array, *, temperature: float, top_p: float = 1.0,
@@ -239,11 +226,36 @@ def sample_and_cut(keys: jax.Array, logits: jax.Array, *, temperature: float,
   scaled = logits.astype(jnp.float32) / temperature
   kept, cut = kept_set_and_cut(scaled, top_p=top_p, top_k=top_k, vocab_limit=vocab_limit,
                                max_kept=max_kept)
-  shifted = jnp.where(kept, scaled, -jnp.inf)
-  shifted = shifted - jnp.max(shifted, axis=-1, keepdims=True)  # as `masked_logprobs` shifts
-  weights = jnp.exp(shifted)
-  tokens = argmax(shifted) if greedy else draw(keys, weights)
-  logp = token_logprobs(shifted, tokens) - jnp.log(jnp.sum(weights, axis=-1))
+  # Everything below reads the [B, V] logits as `_grouped`'s [B, G, W] groups, twice: the
+  # groups' maxima, then their masses exp(logit - row max) (as `masked_logprobs` shifts). Then
+  # one group per row: greedy takes the group of the first maximum and the first maximum inside
+  # it (jnp.argmax's id); a draw is `inverse_cdf` at one uniform per row (the Gumbel-max draw,
+  # jax.random.categorical, needs V random numbers per row: 240 ms of threefry bits at 128 x
+  # 151936 on XLA:CPU, more than the model's decode step). XLA:CPU spreads a reduction over
+  # groups across its threads, one over whole rows not: 128 x 151936 fp32 logits on a 2-core
+  # host, greedy 52-55 -> 15 ms a step, T = 1 64-71 -> 16 ms (docs/performance.md).
+  scores = _grouped(jnp.where(kept, scaled, -jnp.inf), -jnp.inf)  # [B, G, W]
+  # The barriers keep XLA from merging the two levels of a reduction back into one over rows.
+  group_peak = jax.lax.optimization_barrier(jnp.max(scores, axis=-1))  # [B, G]
+  peak = jnp.max(group_peak, axis=-1)[:, None]  # [B, 1]
+  mass = jax.lax.optimization_barrier(jnp.sum(jnp.exp(scores - peak[..., None]), axis=-1))
+  # The picked group is scored again from the logits and the mask: picking it from `scores`
+  # would make XLA write all of them out first.
+  logits_g, kept_g = _grouped(logits, 0), _grouped(kept, False)
+
+  def scores_of(group):  # [B] -> [B, W]
+    row = _pick(logits_g, group).astype(jnp.float32) / temperature
+    return jnp.where(_pick(kept_g, group), row, -jnp.inf)
+  if greedy:
+    group = jnp.argmax(group_peak, axis=-1)
+    inner = jnp.argmax(scores_of(group), axis=-1)
+  else:
+    u = jax.vmap(jax.random.uniform)(keys)
+    group, inner = _inverse_cdf_in_groups(mass, lambda g: jnp.exp(scores_of(g) - peak), u)
+  row = scores_of(group)
+  logp = (jnp.take_along_axis(row, inner[:, None], axis=-1)[:, 0] - peak[:, 0]
+          - jnp.log(jnp.sum(mass, axis=-1)))
+  tokens = (group * scores.shape[-1] + inner).astype(jnp.int32)
   return tokens, logp, kept, cut
 
 

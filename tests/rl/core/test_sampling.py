@@ -121,6 +121,33 @@ def test_greedy_and_vocab_limit():
   assert drawn.max() < 3
 
 
+@pytest.mark.parametrize("vocab", [1000, 4099])
+def test_sampler_over_many_ids_per_group(vocab):
+  """`sample` reads the logits in 128 groups of several ids (a ragged last group at 4099): greedy
+  gives jnp.argmax of the kept logits (ties: the first id), draws at T=0.7 with top-k and a
+  vocab_limit follow the kept softmax (chi-square), and every reported log-prob is the
+  trainer's `masked_logprobs` of that token."""
+  rng = np.random.default_rng(vocab)
+  base = rng.normal(size=vocab).astype(np.float32) * 2
+  base[rng.integers(0, vocab, 20)] = base.max()  # tied maxima in several groups
+  logits = jnp.asarray(base)
+  settings = dict(temperature=0.7, top_k=300, vocab_limit=vocab - 50)
+  kept = np.asarray(sampling.kept_set(logits / 0.7, top_k=300, vocab_limit=vocab - 50))
+  trainer = np.asarray(sampling.masked_logprobs(logits, temperature=0.7,
+                                                kept_mask=jnp.asarray(kept)))
+  tokens, token_logp, _ = draw(logits, **settings)
+  assert chi_square_pvalue(tokens, np.where(kept, np.exp(trainer), 0.0)) > 1e-3
+  np.testing.assert_allclose(token_logp, trainer[tokens], atol=1e-5)
+  rows = jnp.asarray(rng.normal(size=(16, vocab)).astype(np.float32)).at[:, 7].set(9.0)
+  rows = rows.at[:8, vocab - 3].set(9.0).at[8:, vocab - 60].set(9.5)
+  greedy, greedy_logp, _ = sampling.sample(jax.random.split(jax.random.key(1), 16), rows,
+                                           temperature=0.7, greedy=True, vocab_limit=vocab - 50)
+  limited = jnp.where(jnp.arange(vocab) < vocab - 50, rows, -jnp.inf)
+  np.testing.assert_array_equal(greedy, jnp.argmax(limited, axis=-1))
+  expected = jax.nn.log_softmax(limited / 0.7)[jnp.arange(16), greedy]
+  np.testing.assert_allclose(greedy_logp, expected, atol=1e-5)
+
+
 @pytest.mark.parametrize("top_p,top_k", [(1.0, 1), (1.0, 7), (0.9, 5), (0.5, 40), (0.99, 300)])
 def test_kept_ids_round_trip(top_p, top_k):
   """The recorded kept ids (int32 [..., top_k], 4 * top_k bytes per token, ascending, -1 padded)
@@ -221,13 +248,12 @@ def sparse_weights(vocab, seed):
 
 @pytest.mark.parametrize("vocab", [300, 1000, 4099])
 def test_draw_frequencies_over_many_groups(vocab):
-  """`sampling.draw` (one uniform per row through group masses, then inside the group)
-  draws each id with probability weight / sum on vocabularies of several ids per group and
-  a ragged last group; ids of weight 0 never come out."""
+  """`sample` (one uniform per row through group masses, then inside the group) draws each id
+  with probability weight / sum on vocabularies of several ids per group and a ragged last
+  group; ids of weight 0 (logit -inf) never come out."""
   w = sparse_weights(vocab, vocab)
-  keys = jax.random.split(jax.random.key(3), DRAWS)
-  tokens = np.asarray(jax.jit(sampling.draw)(keys, jnp.broadcast_to(jnp.asarray(w, jnp.float32),
-                                                                   (DRAWS, vocab))))
+  with np.errstate(divide="ignore"):
+    tokens, _, _ = draw(jnp.asarray(np.log(w), jnp.float32), temperature=1.0)
   assert chi_square_pvalue(tokens, w) > 1e-3
 
 
@@ -253,10 +279,11 @@ def test_inverse_cdf_edges_land_on_positive_weights():
   assert (weights[np.arange(2000), ids] > 0).all()
 
 
-def test_two_level_argmax_is_jnp_argmax():
-  """`sampling.argmax` returns jnp.argmax's index: the first of tied maxima, rows of -inf
-  giving 0, a lone finite id among -inf, on vocabularies with a ragged last group."""
+def test_greedy_is_jnp_argmax():
+  """Greedy `sample` returns jnp.argmax's index: the first of tied maxima, rows of -inf giving 0,
+  a lone finite id among -inf, on vocabularies with a ragged last group."""
   rng = np.random.default_rng(0)
+  keys = jax.random.split(jax.random.key(0), 64)
   for vocab in (7, 128, 1000, 4099):
     x = rng.integers(-3, 3, size=(64, vocab)).astype(np.float32)  # many ties
     x[1] = -np.inf
@@ -264,5 +291,5 @@ def test_two_level_argmax_is_jnp_argmax():
     x[2, vocab // 2] = -1e30
     x[3, :] = -np.inf
     x[3, -1] = 5.0
-    np.testing.assert_array_equal(np.asarray(sampling.argmax(jnp.asarray(x))),
-                                  np.asarray(jnp.argmax(jnp.asarray(x), axis=-1)))
+    tokens = sampling.sample(keys, jnp.asarray(x), temperature=1.0, greedy=True)[0]
+    np.testing.assert_array_equal(np.asarray(tokens), np.asarray(jnp.argmax(jnp.asarray(x), axis=-1)))
