@@ -67,6 +67,10 @@ _RESPONSE_LEN = flags.DEFINE_integer("response_len", 256, "New tokens per sequen
 _REPEATS = cli.define(flags.DEFINE_integer, "repeats", 3, "Timed runs (median, after one warm-up run).")
 _GREEDY = flags.DEFINE_bool("greedy", False, "Greedy decoding (else temperature 1 sampling); "
                             "stop ids are off either way.")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "Sampling: keep the top_k most probable ids (0: off), "
+                              "every system; seedrl also records them (keep-sampling-mask).")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "Sampling: the top_p nucleus (after top_k), every "
+                            "system.")
 _NAIVE = flags.DEFINE_bool("naive", True, "Preset mode: also time full-forward-per-token "
                            "decoding.")
 _COMPARE = flags.DEFINE_list("compare", [], "With --hf_dir: other systems on the same "
@@ -142,17 +146,24 @@ def weight_bytes_per_step(model, batch: int) -> int:
 # A system: `name` and generate(prompt_ids [B, P] int32, new_tokens M) -> tokens [B, M]; the
 # others compared with this one are in launch/rollout_peers.py.
 
+GREEDY, SAMPLING = rollout_peers.Decoding(), rollout_peers.Decoding(greedy=False)
+
+
 class SeedRLEngine:
   """seedrl's rollout engine (rl.rollout.engine.run_engine) on full-width prompts, stop ids off."""
 
   name = "seedrl"
 
-  def __init__(self, model, greedy: bool):
+  def __init__(self, model, decoding: rollout_peers.Decoding):
     # Laid out for decoding once, as vLLM packs its weights once at load (rollout_lib.decode_weights).
     self.graphdef, self.state = rollout_lib.decode_weights(*nnx.split(model))
     self.cores = f"XLA:CPU, cores {rollout_peers.usable_cores()}"
     self.core_count = len(rollout_peers.usable_cores())
-    self.cfg = rollout_lib.RolloutConfig(greedy=greedy, temperature=1.0)
+    # With top-k, each token's kept ids are recorded as the keep-sampling-mask recipes do (the
+    # peers record nothing): that work is counted against seedrl.
+    self.cfg = rollout_lib.RolloutConfig(greedy=decoding.greedy, temperature=1.0,
+                                         top_k=decoding.top_k, top_p=decoding.top_p,
+                                         keep_sampling_mask=decoding.top_k > 0)
     self.rng = jax.random.key(0)
 
   def run(self, prompt_ids: np.ndarray, new_tokens: int) -> dict:
@@ -183,7 +194,7 @@ def naive_decode_fn(graphdef, new_tokens: int, cfg: rollout_lib.RolloutConfig):
       logits = model.forward(tokens).logits[rows, lens + t - 1]
       step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, t)
       token, _, _ = sampling.sample(step_keys, logits, temperature=cfg.temperature,
-                                    greedy=cfg.greedy)
+                                    top_p=cfg.top_p, top_k=cfg.top_k, greedy=cfg.greedy)
       return tokens.at[rows, lens + t].set(token)
 
     return jax.lax.fori_loop(0, new_tokens, body, tokens)
@@ -192,12 +203,12 @@ def naive_decode_fn(graphdef, new_tokens: int, cfg: rollout_lib.RolloutConfig):
 
 
 def benchmark(model_name: str, batch: int, prompt_len: int, response_len: int, *,
-              repeats: int = 3, naive: bool = True, greedy: bool = False,
-              log=print) -> dict[str, float]:
+              repeats: int = 3, naive: bool = True,
+              decoding: rollout_peers.Decoding = SAMPLING, log=print) -> dict[str, float]:
   """Runs the preset benchmark and returns its numbers (also printed through `log`)."""
   model = build(model_name, seed=0)
   cfg = model.cfg
-  engine = SeedRLEngine(model, greedy)
+  engine = SeedRLEngine(model, decoding.check())
   prompt_ids = random_prompts(batch, prompt_len, cfg.vocab_size)
   compile_s, cached_s, out, _, _ = time_calls(lambda: engine.run(prompt_ids, response_len),
                                              repeats)
@@ -221,7 +232,7 @@ def benchmark(model_name: str, batch: int, prompt_len: int, response_len: int, *
       "roofline_fraction_engine_reads": roofline_engine / step_s,
   }
   log(f"model={model_name} batch={batch} prompt={prompt_len} response={response_len} "
-      f"greedy={greedy} device={jax.devices()[0].platform}")
+      f"decoding: {decoding} device={jax.devices()[0].platform}")
   log(f"cached engine: {generated} tokens in {cached_s:.3f}s (median) = {tokens_per_s:,.0f} "
       f"tokens/s ({steps} decode steps, {step_s * 1e3:.3f} ms/step; compile+first run "
       f"{compile_s:.1f}s)")
@@ -335,7 +346,8 @@ def markdown_table(rows: list[dict], greedy: bool) -> str:
 
 
 def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
-                 compare=(), greedy: bool = True, repeats: int = 3, dtype: str = "float32",
+                 compare=(), decoding: rollout_peers.Decoding = GREEDY,
+                 repeats: int = 3, dtype: str = "float32",
                  seed: int = 0, peer_python: str | None = None, peer_device: str = "cpu",
                  bandwidth: float | None = None, log=print) -> list[dict]:
   """seedrl and each system of `compare` on the HF directory `hf_dir` at each batch size.
@@ -355,10 +367,11 @@ def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
   start = time.perf_counter()
   model = hf.load_pretrained(hf_dir, dtype=dtype)
   load_s = {"seedrl": time.perf_counter() - start}
-  systems = [SeedRLEngine(model, greedy)]
+  greedy = decoding.check().greedy
+  systems = [SeedRLEngine(model, decoding)]
   for name in compare:
     start = time.perf_counter()
-    system = rollout_peers.make_system(name, hf_dir, model.cfg, greedy=greedy,
+    system = rollout_peers.make_system(name, hf_dir, model.cfg, decoding=decoding,
                                        max_len=prompt_len + response_len,
                                        python=peer_python, device=peer_device, log=log)
     if system is not None:
@@ -394,13 +407,16 @@ def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
     log("work: every system prefills every call's prompts (vllm: "
         + ", ".join(f"{k}={v}" for k, v in rollout_peers.VLLM_SAME_WORK.items())
         + "; the bench repeats its prompts)")
+  if systems[0].cfg.keep_sampling_mask:
+    log(f"kept sets: seedrl records each token's {decoding.top_k} kept ids (keep-sampling-mask); "
+        "the peers record nothing")
   log("weights: laid out for decoding once at load, not per call (seedrl: "
       "rollout_lib.decode_weights; vLLM packs its own at load)")
   for system in systems:
     if hasattr(system, "close"):
       system.close()
   log(f"model: {hf_dir} ({params / 1e6:.1f}M params, {dtype}); prompt {prompt_len}, response "
-      f"{response_len}, {'greedy' if greedy else 'sampling T=1'}, stop ids off; tok/s: median "
+      f"{response_len}, {decoding}, stop ids off; tok/s: median "
       f"[min-max] of {repeats} runs after a warm-up")
   log(f"bound at batch 1: {weights / 1e6:.1f} MB of weights / {bandwidth / 1e9:.1f} GB/s "
       f"{bandwidth_source} = {bound_steps_per_s:,.1f} tok/s (fraction of bound: (tok/s / batch) / "
@@ -417,18 +433,22 @@ def side_by_side(hf_dir: str, batches, prompt_len: int, response_len: int, *,
 def main(argv):
   cli.no_arguments(argv)
   batches = [int(b) for b in _BATCHES.value]
+  try:
+    decoding = rollout_peers.Decoding(_GREEDY.value, _TOP_K.value, _TOP_P.value).check()
+  except ValueError as e:
+    raise app.UsageError(f"--greedy / --top_k / --top_p: {e}") from None
   if _HF_DIR.value:
     if flags.FLAGS["model"].present:
       raise app.UsageError("--model and --hf_dir are alternatives: give one")
     side_by_side(_HF_DIR.value, batches, _PROMPT_LEN.value, _RESPONSE_LEN.value,
-                 compare=_COMPARE.value, greedy=_GREEDY.value, repeats=_REPEATS.value,
+                 compare=_COMPARE.value, decoding=decoding, repeats=_REPEATS.value,
                  dtype=_DTYPE.value, seed=_SEED.value, peer_python=_PEER_PYTHON.value)
     return
   if _COMPARE.value:
     raise app.UsageError("--compare needs --hf_dir (the other systems load an HF directory)")
   for batch in batches:
     benchmark(_MODEL.value, batch, _PROMPT_LEN.value, _RESPONSE_LEN.value,
-              repeats=_REPEATS.value, naive=_NAIVE.value, greedy=_GREEDY.value)
+              repeats=_REPEATS.value, naive=_NAIVE.value, decoding=decoding)
 
 
 if __name__ == "__main__":

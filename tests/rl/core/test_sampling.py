@@ -72,6 +72,53 @@ def test_kept_set_hand_computed():
   assert np.asarray(sampling.kept_set(ties, top_k=2)).tolist() == [True, True, False, False, False]
 
 
+def _kept_reference(scaled, *, top_p=1.0, top_k=0, vocab_limit=None, max_kept=0):
+  """The module docstring's kept set in float64 numpy, one row at a time by a stable sort of
+  the whole row: (kept [N, V], cut [N], each row's distance of top-p from the nearest
+  cumulative mass, inf without top-p)."""
+  vocab = scaled.shape[-1]
+  rows = np.where(np.arange(vocab) < (vocab_limit or vocab), scaled.astype(np.float64), -np.inf)
+  kept, cut = np.zeros(rows.shape, bool), np.zeros(len(rows), bool)
+  margin = np.full(len(rows), np.inf)
+  rank = np.arange(vocab)
+  for r, row in enumerate(rows):
+    order = np.argsort(-row, kind="stable")
+    ok = np.isfinite(row[order]) & ((rank < top_k) if top_k else True)
+    if top_p < 1.0:
+      probs = np.where(ok, np.exp(row[order] - row[order][0]), 0.0)
+      probs /= probs.sum()
+      before = np.cumsum(probs) - probs
+      margin[r] = np.min(np.abs(before[ok] - top_p))
+      ok &= (before < top_p) | (rank == 0)
+    if max_kept:
+      cut[r] = ok.sum() > max_kept
+      ok &= rank < max_kept
+    kept[r, order[ok]] = True
+  return kept, cut, margin
+
+
+@pytest.mark.parametrize("settings", [
+    dict(top_k=50), dict(top_k=200, top_p=0.9), dict(top_k=7, max_kept=3),
+    dict(top_p=0.9, max_kept=40), dict(top_p=0.9, max_kept=40, vocab_limit=700),
+    dict(top_p=0.9), dict(top_k=30, vocab_limit=5)])
+def test_kept_set_matches_a_full_sort(settings):
+  """The kept set and cut flag (ranked by lax.top_k over the bound's prefix, or by a full sort
+  for top-p alone) equal a float64 stable sort of the whole row, on logits with many ties at
+  every rank (integers), half of them peaked: the same ids at the top-k boundary (ties to the
+  lower id), the same nucleus and the same cut. Rows whose top-p meets a cumulative mass within 1e-5 are left out
+  (float rounding may decide them either way)."""
+  spread = jnp.where(jnp.arange(32) % 2 == 0, 2.0, 4.0)[:, None]  # odd rows: narrow nuclei
+  scaled = jnp.round(spread * jax.random.normal(jax.random.key(3), (32, 1000)))
+  kept, cut = jax.jit(lambda x: sampling.kept_set_and_cut(x, **settings))(scaled)
+  want_kept, want_cut, margin = _kept_reference(np.asarray(scaled), **settings)
+  clear = margin > 1e-5
+  assert clear.sum() >= 16
+  np.testing.assert_array_equal(np.asarray(kept)[clear], want_kept[clear])
+  np.testing.assert_array_equal(np.asarray(cut)[clear], want_cut[clear])
+  if settings.get("max_kept"):
+    assert 0 < want_cut.sum() < 32 or settings.get("top_k")  # both branches of the cap ran
+
+
 def test_trainer_logprobs_equal_sampler_logprobs():
   """`masked_logprobs` with the recorded kept mask equals `sampling_logprobs` on the kept set;
   without a mask it is log_softmax(logits / T); an empty mask row gives zeros, not NaNs."""
@@ -168,6 +215,27 @@ def test_kept_ids_round_trip(top_p, top_k):
   assert bool(sampling.kept_mask_from_ids(jnp.full((2, width), -1), 300).all())
 
 
+@pytest.mark.parametrize("settings", [dict(top_k=7), dict(top_k=40, top_p=0.8),
+                                      dict(top_p=0.9, max_kept=6), dict(top_k=300)])
+def test_sampler_record_is_the_kept_set(settings):
+  """The record `sample_and_cut` writes (from the ranked prefix where the kept set is bounded)
+  is `kept_record` of the kept mask it returns; the drawn tokens are in that set, and their
+  log-probs are the trainer's over the set rebuilt from the record."""
+  logits = 3.0 * jax.random.normal(jax.random.key(5), (64, 300))
+  keys = jax.random.split(jax.random.key(2), 64)
+  width = sampling.kept_ids_width(top_p=settings.get("top_p", 1.0), top_k=settings.get("top_k", 0),
+                                  vocab_size=300, max_kept=settings.get("max_kept", 0))
+  cap = settings.get("max_kept", 0)
+  tokens, logp, kept, cut, record = jax.jit(lambda k, x: sampling.sample_and_cut(
+      k, x, temperature=0.8, record_width=width, **settings))(keys, logits)
+  np.testing.assert_array_equal(record, sampling.kept_record(kept, cut, width, cap=cap))
+  rebuilt = sampling.kept_mask_from_ids(record, 300)
+  np.testing.assert_array_equal(rebuilt, kept)
+  assert bool(kept[jnp.arange(64), tokens].all())
+  trainer = sampling.masked_logprobs(logits, temperature=0.8, kept_mask=rebuilt)
+  np.testing.assert_allclose(sampling.token_logprobs(trainer, tokens), logp, atol=1e-5)
+
+
 def test_kept_ids_width_is_the_recording_rule():
   """Nothing is recorded when the sampler does not truncate (top_p 1 and top_k 0, or greedy);
   top_k ids when it does; top-p without top-k (an unbounded kept set) is refused."""
@@ -195,9 +263,10 @@ def test_top_p_alone_record_is_the_nucleus_cut_to_the_cap(cap):
   keys = jax.random.split(jax.random.key(1), 64)
   width = sampling.kept_ids_width(top_p=top_p, top_k=0, vocab_size=vocab, max_kept=cap)
   applied = sampling.nucleus_cap(top_p=top_p, top_k=0, max_kept=cap, vocab_size=vocab)
-  tokens, logp, kept, cut = sampling.sample_and_cut(keys, logits, temperature=0.8, top_p=top_p,
-                                                    max_kept=applied)
-  record = np.asarray(sampling.kept_record(kept, cut, width, cap=applied))
+  tokens, logp, kept, cut, record = sampling.sample_and_cut(
+      keys, logits, temperature=0.8, top_p=top_p, max_kept=applied, record_width=width)
+  record = np.asarray(record)
+  np.testing.assert_array_equal(record, sampling.kept_record(kept, cut, width, cap=applied))
   assert record.shape == (64, min(cap, vocab) + 1)
   rebuilt = np.asarray(sampling.kept_mask_from_ids(record, vocab))
   np.testing.assert_array_equal(rebuilt, kept)

@@ -42,10 +42,11 @@ def teacher_forced_fn(graphdef):
 
 def two_version_run():
   """Version 0 collects 1 of 3 groups, leaving partials; version 1 (other weights) resumes
-  them. (Seed 3 is one where a partial response is still running when version 0 stops.)"""
+  them. (Seed 5 is one where partial responses are still running when version 0 stops: two
+  rows are sampled by both versions.)"""
   graphdef, state_v0 = policy(1)
   _, state_v1 = policy(2)
-  stream = streaming.StreamingRollout(CFG, STREAM, num_samples=2, seed=3)
+  stream = streaming.StreamingRollout(CFG, STREAM, num_samples=2, seed=5)
   stream.submit(PROMPTS[:3], payloads=[0, 1, 2])
   first, payloads0, stats0 = stream.collect(graphdef, state_v0, policy_version=0, num_groups=1)
   leftover = stream.num_in_flight + stream.num_ready
