@@ -286,8 +286,8 @@ def sample_and_cut(keys: jax.Array, logits: jax.Array, *, temperature: float,
   if ranked is not None and ranked[0].shape[-1] < vocab:
     # A bounded kept set (top-k, or the nucleus cap) lies in the ranked prefix: the draw and
     # the record read only the prefix's P ids (128 x 151936 fp32 at top_k 256, top_p 0.95 on a
-    # 2-core XLA:CPU host, draw and record: 13.5 s a step after a full sort, 121 ms from a
-    # [B, V] kept mask, 52 ms from the prefix; docs/performance.md).
+    # 2-core XLA:CPU host, draw and record: 13.5 s a step after a full sort, 52 ms from the
+    # prefix; docs/performance.md).
     order, ranked_scores, keep, cut = ranked
     peak = ranked_scores[:, :1]  # the first ranked id: the row's maximum, always kept
     weights = jnp.where(keep, jnp.exp(ranked_scores - peak), 0.0)
