@@ -67,10 +67,10 @@ _RESPONSE_LEN = flags.DEFINE_integer("response_len", 256, "New tokens per sequen
 _REPEATS = cli.define(flags.DEFINE_integer, "repeats", 3, "Timed runs (median, after one warm-up run).")
 _GREEDY = flags.DEFINE_bool("greedy", False, "Greedy decoding (else temperature 1 sampling); "
                             "stop ids are off either way.")
-_TOP_K = flags.DEFINE_integer("top_k", 0, "Sampling: keep the top_k most probable ids (0: off), "
-                              "every system; seedrl also records them (keep-sampling-mask).")
-_TOP_P = flags.DEFINE_float("top_p", 1.0, "Sampling: the top_p nucleus (after top_k), every "
-                            "system.")
+_TOP_K = cli.define(flags.DEFINE_integer, "top_k", 0, "Sampling: keep the top_k most probable "
+                   "ids (0: off), every system; seedrl also records them (keep-sampling-mask).")
+_TOP_P = cli.define(flags.DEFINE_float, "top_p", 1.0, "Sampling: the top_p nucleus (after "
+                   "top_k), every system.")
 _NAIVE = flags.DEFINE_bool("naive", True, "Preset mode: also time full-forward-per-token "
                            "decoding.")
 _COMPARE = flags.DEFINE_list("compare", [], "With --hf_dir: other systems on the same "

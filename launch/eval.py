@@ -70,8 +70,8 @@ _LIMIT = cli.define(flags.DEFINE_integer, "limit", 0, "First N problems of each 
                               "(0: all).")
 _K = flags.DEFINE_integer("k", 1, "Samples per problem.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.6, "Sampling temperature (0: greedy).")
-_TOP_P = flags.DEFINE_float("top_p", 0.95, "Nucleus sampling mass.")
-_TOP_K = flags.DEFINE_integer("top_k", 0, "Top-k sampling (0: off).")
+_TOP_P = cli.define(flags.DEFINE_float, "top_p", 0.95, "Nucleus sampling mass.")
+_TOP_K = cli.define(flags.DEFINE_integer, "top_k", 0, "Top-k sampling (0: off).")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", None, "Response token budget (default: the "
                                 "config's rollout.max_new_tokens, else 1024).")
 _TEMPLATE = flags.DEFINE_enum("template", None, ["plain", "chat"], "Prompt template (default: "

@@ -138,6 +138,7 @@ class HFGenerate:
     import torch
     import transformers
     self.torch = torch
+    torch.manual_seed(0)  # generate's draws, as vLLM's seed=0: the same tokens every run
     torch.set_num_threads(len(usable_cores()))
     self.cores = f"torch, {torch.get_num_threads()} threads on cores {usable_cores()}"
     self.core_count = min(torch.get_num_threads(), len(usable_cores()))
