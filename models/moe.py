@@ -160,28 +160,34 @@ class MoE(nnx.Module):
     self.per_expert = False  # True: w_* are lists of E per-expert params (`store_per_expert`)
 
   def store_per_expert(self) -> None:
-    """Replaces each stacked expert weight [E, ...] by an nnx.List of its E experts, in place:
+    """Replaces the stacked expert weights [E, ...] by nnx.Lists of their E experts, in place:
     the CPU rollout engine's layout (`models.ops.sampler_layout`), where `ops.expert_ffn` then
     multiplies by an expert's weights where they lie instead of copying them out of the stack
-    for every product. A second copy of the experts' weights, held as long as the layout is.
-    Kept stacked under the "dense" reference dispatch, which takes them stacked."""
+    for every product. Expert e's gate and up kernels lie side by side in one [D, 2F] array
+    (`w_gate[e]`, gate | up; `w_up` is None), so one product reads both: a decode row's 8
+    layers x 8 experts of the Qwen3-MoE shape take 64 products there instead of 128. A second
+    copy of the experts' weights, held as long as the layout is. Kept stacked under the "dense"
+    reference dispatch, which takes them stacked."""
     if self.per_expert or self.cfg.moe_dispatch != "ragged":
       return
-    for name in ("w_gate", "w_up", "w_down"):
-      w = getattr(self, name)[...]
-      setattr(self, name, nnx.List([nnx.Param(w[e]) for e in range(w.shape[0])]))
+    gate, up, down = self.w_gate[...], self.w_up[...], self.w_down[...]
+    self.w_gate = nnx.List([nnx.Param(jnp.concatenate([gate[e], up[e]], axis=-1))
+                            for e in range(gate.shape[0])])
+    self.w_up = None
+    self.w_down = nnx.List([nnx.Param(down[e]) for e in range(down.shape[0])])
     self.per_expert = True
 
   def _expert_weights(self, dt, stacked: bool) -> tuple:
     """(w_gate, w_up, w_down) in dtype dt: stacked [E, ...] arrays, or with the per-expert layout
-    and `stacked` False, tuples of E arrays."""
-    def weight(name):
-      w = getattr(self, name)
-      if not self.per_expert:
-        return w[...].astype(dt)
-      experts = tuple(p[...].astype(dt) for p in w)
-      return jnp.stack(experts) if stacked else experts
-    return weight("w_gate"), weight("w_up"), weight("w_down")
+    and `stacked` False, that layout's tuples (E gate | up arrays, None, E down arrays)."""
+    if not self.per_expert:
+      return tuple(getattr(self, n)[...].astype(dt) for n in ("w_gate", "w_up", "w_down"))
+    gate_up = tuple(p[...].astype(dt) for p in self.w_gate)
+    down = tuple(p[...].astype(dt) for p in self.w_down)
+    if not stacked:
+      return gate_up, None, down
+    gate_up, width = jnp.stack(gate_up), self.cfg.moe_mlp_dim
+    return gate_up[..., :width], gate_up[..., width:], jnp.stack(down)
 
   def __call__(self, x: jax.Array, *, expert_ids: jax.Array | None = None,
                token_mask: jax.Array | None = None, dispatch: str | None = None):

@@ -116,11 +116,12 @@ def experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array, w_gate: jax
   its k tiles, not k + E).
 
   The weights are stacked arrays [E, D, F] / [E, F, D], or (the rollout engine's layout,
-  `models.moe.MoE.store_per_expert`) sequences of E per-expert arrays. Stacked, XLA copies the
-  tile's expert out of the stack before each product; per expert, a switch over the experts
-  runs the products on the weights where they lie (8 tokens through 8 Qwen3-MoE-shaped layers,
-  cold weights, fp32, this 2-core host: 111-124 ms stacked, 65-66 per expert; the weights'
-  bytes at 19.5 GB/s take 55)."""
+  `models.moe.MoE.store_per_expert`) sequences of E per-expert arrays: w_gate E arrays [D, 2F]
+  holding gate | up side by side (one product for both), w_up None, w_down E arrays [F, D].
+  Stacked, XLA copies the tile's expert out of the stack before each product; per expert, a
+  switch over the experts runs the products on the weights where they lie (8 tokens through 8
+  Qwen3-MoE-shaped layers, cold weights, fp32, this 2-core host: 111-124 ms stacked, 65-66
+  per expert; the weights' bytes at 19.5 GB/s take 55)."""
   n, k = expert_ids.shape
   split = not hasattr(w_gate, "shape")  # per-expert arrays
   n_experts, width = len(w_gate) if split else w_gate.shape[0], x.shape[-1]
@@ -146,15 +147,20 @@ def experts(x: jax.Array, expert_ids: jax.Array, weights: jax.Array, w_gate: jax
   tile_expert = jnp.minimum(jnp.searchsorted(tile_end, tile_ids, side="right"), n_experts - 1)
 
   def ffn(xt, gate_w, up_w, down_w):
-    return (jax.nn.silu(xt @ gate_w) * (xt @ up_w)) @ down_w
+    if up_w is None:  # gate | up in one array
+      both = xt @ gate_w
+      gate_x, up_x = both[:, :both.shape[-1] // 2], both[:, both.shape[-1] // 2:]
+    else:
+      gate_x, up_x = xt @ gate_w, xt @ up_w
+    return (jax.nn.silu(gate_x) * up_x) @ down_w
 
   def one_tile(args):
     xt, e, used = args
 
     def run(xt):
       if split:  # one branch per expert, each with its own weights
-        return jax.lax.switch(e, [functools.partial(ffn, gate_w=g, up_w=u, down_w=d)
-                                  for g, u, d in zip(w_gate, w_up, w_down)], xt)
+        return jax.lax.switch(e, [functools.partial(ffn, gate_w=g, up_w=None, down_w=d)
+                                  for g, d in zip(w_gate, w_down)], xt)
       return ffn(xt, w_gate[e], w_up[e], w_down[e])
     return jax.lax.cond(used, run, lambda xt: jnp.zeros((tile, width), x.dtype), xt)
   out = jax.lax.map(one_tile, (x[token].reshape(n_tiles, tile, width), tile_expert,

@@ -256,8 +256,10 @@ def test_exchange_is_picked_by_the_target_platform():
 
 
 def _cpu_experts_per_expert(x, ids, weights, w_gate, w_up, w_down):
-  """ops_cpu.experts on the sampler's layout: each weight a tuple of per-expert arrays."""
-  return ops_cpu.experts(x, ids, weights, *(tuple(w) for w in (w_gate, w_up, w_down)))
+  """ops_cpu.experts on the sampler's layout (`MoE.store_per_expert`): per-expert arrays, each
+  expert's gate and up kernels side by side in one [D, 2F] array."""
+  gate_up = tuple(jnp.concatenate([g, u], axis=-1) for g, u in zip(w_gate, w_up))
+  return ops_cpu.experts(x, ids, weights, gate_up, None, tuple(w_down))
 
 
 # 16 experts, top 2: on CPU each expert runs on its own tokens, in tiles of 1 row (1 token),
