@@ -41,7 +41,9 @@ docs/security.md states the threat model and the test that proves each containme
 
 Without bwrap, `run` refuses unless `allow_weak=True`: then the program runs with the same
 rlimits as the non-root user in a private host temp dir, with no namespaces, seccomp filter
-or cgroup (it can use the network and read world-readable files). A warning says so.
+or cgroup (it can use the network and read world-readable files). A warning says so. Its process
+bound is the user's RLIMIT_NPROC, counted over all that user's processes: a fork bomb in one
+run makes forks fail in every concurrent run as the same user (docs/security.md).
 """
 
 import concurrent.futures

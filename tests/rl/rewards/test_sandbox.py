@@ -9,6 +9,7 @@ that other tests or users run at the same time.
 import ctypes
 import errno
 import os
+import pwd
 import socket
 import struct
 import threading
@@ -260,8 +261,19 @@ def test_concurrent_runs_are_independent():
 
 def test_refuses_without_bwrap_unless_weak(monkeypatch):
   """Without bwrap, run raises; allow_weak=True runs with a warning, as non-root, and still
-  enforces the timeout and kills setsid orphans."""
+  enforces the timeout and kills setsid orphans.
+
+  Weak mode's process bound is the user's RLIMIT_NPROC, which counts every process of that
+  user, those in other sandboxes' namespaces included (docs/security.md). So, run as root with
+  the sandbox user set up, the weak runs here run as `nobody`, whom no other test runs programs
+  as: a fork bomb in a concurrent test (another xdist worker) must not make this test's one
+  fork fail.
+  """
   monkeypatch.setattr(sandbox, "bwrap_path", lambda: None)
+  if os.geteuid() == 0 and sandbox.sandbox_identity().name == sandbox.SANDBOX_USER:
+    nobody = pwd.getpwnam(sandbox.FALLBACK_USER)
+    monkeypatch.setattr(sandbox, "sandbox_identity", lambda: sandbox._Identity(
+        uid=nobody.pw_uid, gid=nobody.pw_gid, name=sandbox.FALLBACK_USER))
   with pytest.raises(sandbox.SandboxUnavailableError, match="bubblewrap"):
     sandbox.run("print(1)")
   with pytest.warns(RuntimeWarning, match="without bubblewrap"):
